@@ -1,0 +1,15 @@
+# Two commands: `make demo` (quickstart: the whole pipeline on a generated corpus, CPU, offline)
+# and `make test` (the test suite). Both create or reuse .venv and install what is missing.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test
+setup:
+	bash scripts/setup_env.sh
+
+demo: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/quickstart.sh
+
+test: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTHON) -m pytest tests $(PYTEST_ARGS)

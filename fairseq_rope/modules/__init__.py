@@ -1,0 +1,1 @@
+from .rotary_multihead_attention import RotaryMultiheadAttention  # noqa: F401

@@ -1,0 +1,131 @@
+"""Rotary Position Embedding as small pure functions.
+
+Equation numbers refer to Su et al., "RoFormer: Enhanced Transformer with Rotary Position
+Embedding" (arXiv:2104.09864v5):
+
+* eq. (14): f_{q,k}(x_m, m) = R^d_{Theta,m} W_{q,k} x_m -- rotate *after* the projection;
+* eq. (15): R^d_{Theta,m} is block diagonal with 2x2 rotations by m*theta_i,
+  theta_i = base^(-2(i-1)/d), i = 1..d/2;
+* eq. (16): q_m^T k_n = x_m^T W_q R^d_{Theta,n-m} W_k x_n -- scores depend only on n - m;
+* eq. (34): R^d_{Theta,m} x = x (*) cos(m theta) + rotate(x) (*) sin(m theta).
+
+Layouts of the rotated pairs inside one head:
+
+* ``interleaved``: pairs are (x_0, x_1), (x_2, x_3), ... -- exactly the block diagonal of eq. (15);
+* ``half``: pairs are (x_i, x_{i + r/2}) -- GPT-NeoX ``rotate_half``; the same function of the
+  input after a fixed permutation of the projection rows.
+
+Only the first ``rotary_dim`` channels of each head rotate (``--rope-fraction``); the rest pass
+through untouched. Angles are always computed in fp32 (positions up to 2^24 are exact there):
+fp16 cannot even represent position 2049, bf16 not 257.
+"""
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+LAYOUTS = ("interleaved", "half")
+
+
+def rotary_dim_for(head_dim: int, fraction: float) -> int:
+    """Number of channels of each head that rotate; must be a positive even integer."""
+    rotary = head_dim * fraction
+    if not (0.0 < fraction <= 1.0):
+        raise ValueError(
+            f"--rope-fraction must be in (0, 1], got {fraction}"
+        )
+    if abs(rotary - round(rotary)) > 1e-6 or int(round(rotary)) % 2 != 0 or round(rotary) == 0:
+        raise ValueError(
+            f"--rope-fraction {fraction} rotates {rotary:g} of the {head_dim} dimensions of each "
+            f"attention head; RoPE rotates pairs of dimensions, so head_dim x fraction must be a "
+            f"positive even integer (for example --rope-fraction {2 * max(1, head_dim // 4) / head_dim:g})"
+        )
+    return int(round(rotary))
+
+
+def inverse_frequencies(rotary_dim: int, theta: float, dtype=torch.float32) -> Tensor:
+    """theta_i = base^(-2(i-1)/d) for i = 1..d/2 (eq. 15)."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return (theta ** -exponents).to(dtype)
+
+
+def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """m * theta_i for every position m (eq. 15), in the precision of ``inv_freq`` but never
+    below fp32, whatever the model dtype."""
+    dtype = torch.promote_types(inv_freq.dtype, torch.float32)
+    return positions.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
+
+
+def cos_sin(angles: Tensor) -> Tuple[Tensor, Tensor]:
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """R^d_{Theta,m} x (eq. 34) on the first ``2 * cos.size(-1)`` channels of ``x``.
+
+    ``cos``/``sin`` (fp32) broadcast against ``x[..., :rotary_dim // 2]``. The rotation is done
+    in fp32 and the result cast back to ``x.dtype``, so half-precision models keep exact angles.
+    """
+    half = cos.size(-1)
+    rotary_dim = 2 * half
+    x_rot = x[..., :rotary_dim].float()
+    if layout == "interleaved":
+        # The pairs of eq. (15) are adjacent channels: a complex multiply by e^{i m theta}
+        # (eq. 12 generalised) is the block-diagonal rotation in a single kernel.
+        pairs = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], half, 2).contiguous())
+        rotated = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
+    elif layout == "half":
+        x1, x2 = x_rot[..., :half], x_rot[..., half:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        raise ValueError(f"--rope-layout must be one of {LAYOUTS}, got {layout!r}")
+    rotated = rotated.to(x.dtype)
+    if rotary_dim == x.size(-1):
+        return rotated
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def interleaved_to_half_permutation(head_dim: int, rotary_dim: int) -> Tensor:
+    """Channel order that turns an ``interleaved`` head into a ``half`` head.
+
+    ``apply_rotary(x[..., perm], layout="half") == apply_rotary(x, layout="interleaved")[..., perm]``:
+    permuting the rows of W_q and W_k (and their biases) head by head converts a model between
+    layouts without changing a single attention score.
+    """
+    even = torch.arange(0, rotary_dim, 2)
+    odd = torch.arange(1, rotary_dim, 2)
+    rest = torch.arange(rotary_dim, head_dim)
+    return torch.cat((even, odd, rest))
+
+
+def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """Position of every token within its own sentence (batch x time), pads excluded.
+
+    fairseq left-pads sources: counting only real tokens gives a padded sentence exactly the
+    positions (and so the angles) it has when it stands alone.
+    """
+    not_pad = (~key_padding_mask.bool()).long()
+    return (torch.cumsum(not_pad, dim=1) - 1).clamp_(min=0)
+
+
+def relative_upper_bound(relative_distance: Tensor, rotary_dim: int, theta: float = 10000.0) -> Tensor:
+    """(1/(d/2)) sum_{j=1}^{d/2} |S_j| with S_j = sum_{k<j} e^{i (m-n) theta_k}: the long-term
+    decay bound of Section 3.4.3 (eqs. 35-37, Fig. 2), as a function of the relative distance."""
+    inv_freq = inverse_frequencies(rotary_dim, theta).double()
+    phases = relative_distance.double().unsqueeze(-1) * inv_freq
+    partial_sums = torch.cumsum(torch.polar(torch.ones_like(phases), phases), dim=-1)
+    return partial_sums.abs().mean(dim=-1)
+
+
+__all__ = [
+    "LAYOUTS",
+    "rotary_dim_for",
+    "inverse_frequencies",
+    "rotation_angles",
+    "cos_sin",
+    "apply_rotary",
+    "interleaved_to_half_permutation",
+    "positions_from_padding_mask",
+    "relative_upper_bound",
+]

@@ -1,0 +1,271 @@
+"""fairseq multi-head attention with Rotary Position Embedding on queries and keys."""
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.modules import MultiheadAttention
+from torch import Tensor
+
+from .rotary import (
+    LAYOUTS,
+    apply_rotary,
+    cos_sin,
+    inverse_frequencies,
+    positions_from_padding_mask,
+    rotary_dim_for,
+    rotation_angles,
+)
+
+# Cache key whose *shape* (batch, steps, 0) counts decoder steps for rotary cross-attention. It
+# holds no data, and being batch-first it is reordered by beam search like every other entry.
+QUERY_STEPS = "rope_query_steps"
+
+
+class RotaryTable:
+    """fp32 cos/sin of m * theta_i for positions 0..length-1, per device, grown on demand.
+
+    A plain attribute rather than a registered buffer: it stays out of the state dict and is
+    never cast by ``model.half()``; keying by device means ``model.to(device)`` cannot leave a
+    stale table behind.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float):
+        self.rotary_dim = rotary_dim
+        self.theta = theta
+        self._tables: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
+
+    def angles(self, length: int) -> Tensor:
+        """m * theta_i for m < length, computed in fp64 on the CPU (exact for any realistic m)."""
+        inv_freq = inverse_frequencies(self.rotary_dim, self.theta, dtype=torch.float64)
+        return rotation_angles(torch.arange(length), inv_freq)
+
+    def lookup(self, positions: Tensor, max_position: int) -> Tuple[Tensor, Tensor]:
+        """cos, sin (fp32) for integer ``positions`` (any shape, all < ``max_position``)."""
+        device = positions.device
+        table = self._tables.get(device)
+        if table is None or table[0].size(0) < max_position:
+            length = 1 << max(int(max_position) - 1, 1).bit_length()
+            cos, sin = cos_sin(self.angles(length))
+            table = (cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32))
+            self._tables[device] = table
+        return table[0][positions], table[1][positions]
+
+
+class RotaryMultiheadAttention(MultiheadAttention):
+    """``MultiheadAttention`` whose queries and keys are rotated after projection (eq. 14).
+
+    Parameters and state-dict keys are exactly those of fairseq's ``MultiheadAttention``.
+
+    * Self-attention: queries and keys rotate by their position in the sentence; with a padding
+      mask, positions count real tokens only, so left padding changes nothing.
+    * Encoder-decoder attention (``--rope-cross-attention``): queries rotate by target position,
+      keys by source position.
+    * Incremental decoding: each new key is rotated once and cached rotated; the new query's
+      position is the cached length.
+    * Without requested attention weights, attention runs through
+      ``F.scaled_dot_product_attention``; with them, an explicit softmax gives the same output.
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        rope_theta: float = 10000.0,
+        rope_fraction: float = 1.0,
+        rope_layout: str = "interleaved",
+        **kwargs,
+    ):
+        if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
+            raise ValueError("rotary attention does not support add_bias_kv / add_zero_attn")
+        if kwargs.get("xformers_att_config"):
+            raise ValueError(
+                "--encoder/decoder-xformers-att-config cannot be combined with rotary attention"
+            )
+        super().__init__(embed_dim, num_heads, **kwargs)
+        check_rope_options(rope_theta, rope_layout)
+        self.rope_theta = float(rope_theta)
+        self.rope_layout = rope_layout
+        self.rotary_dim = rotary_dim_for(self.head_dim, rope_fraction)
+        self.rotary_table = RotaryTable(self.rotary_dim, self.rope_theta)
+
+    def extra_repr(self) -> str:
+        return (
+            f"rotary_dim={self.rotary_dim}, head_dim={self.head_dim}, "
+            f"theta={self.rope_theta:g}, layout={self.rope_layout}"
+        )
+
+    def rotate(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
+        """Rotate time-first ``x`` (time, batch, heads, head_dim) by ``positions``, which are
+        (time,) shared by the batch or (batch, time) per sentence."""
+        cos, sin = self.rotary_table.lookup(positions, max_position)
+        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
+            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        else:  # (B, T, r/2) -> (T, B, 1, r/2)
+            cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+        return apply_rotary(x, cos, sin, self.rope_layout)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if before_softmax:
+            raise NotImplementedError("before_softmax is not supported by rotary attention")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, embed_dim = query.size()
+        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        heads, head_dim = self.num_heads, self.head_dim
+
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        cached = saved_state is not None and "prev_key" in saved_state
+
+        q = self.q_proj(query).view(tgt_len, bsz, heads, head_dim)
+        k = v = None
+        if self.self_attention:
+            k = self.k_proj(query).view(tgt_len, bsz, heads, head_dim)
+            v = self.v_proj(query).view(tgt_len, bsz, heads, head_dim)
+        elif not (static_kv and cached):
+            assert key is not None and value is not None
+            if self.encoder_decoder_attention and self.beam_size > 1 and bsz == key.size(1):
+                # the encoder output is identical across a sentence's beams: keep one copy
+                key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                value = value.view(value.size(0), -1, self.beam_size, value.size(2))[:, :, 0, :]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask.view(
+                        -1, self.beam_size, key_padding_mask.size(1)
+                    )[:, 0, :]
+            src_len, kv_bsz = key.size(0), key.size(1)
+            k = self.k_proj(key).view(src_len, kv_bsz, heads, head_dim)
+            v = self.v_proj(value).view(src_len, kv_bsz, heads, head_dim)
+
+        # Positions and rotation (eq. 14): new keys are rotated here, once, before caching.
+        device = query.device
+        if self.self_attention:
+            offset = saved_state["prev_key"].size(2) if cached else 0
+            if incremental_state is None and key_padding_mask is not None:
+                positions = positions_from_padding_mask(key_padding_mask)
+            else:
+                positions = torch.arange(offset, offset + tgt_len, device=device)
+            q = self.rotate(q, positions, offset + tgt_len)
+            k = self.rotate(k, positions, offset + tgt_len)
+        else:
+            steps = saved_state.get(QUERY_STEPS) if saved_state is not None else None
+            offset = steps.size(1) if steps is not None else 0
+            q = self.rotate(q, torch.arange(offset, offset + tgt_len, device=device), offset + tgt_len)
+            if k is not None:
+                src_len = k.size(0)
+                if key_padding_mask is not None:
+                    key_positions = positions_from_padding_mask(key_padding_mask)
+                else:
+                    key_positions = torch.arange(src_len, device=device)
+                k = self.rotate(k, key_positions, src_len)
+
+        # Batch-first heads: (batch, heads, time, head_dim), the layout fairseq caches.
+        q = q.permute(1, 2, 0, 3)
+        if k is not None:
+            k = k.permute(1, 2, 0, 3)
+            v = v.permute(1, 2, 0, 3)
+
+        if saved_state is not None:
+            if cached:
+                prev_key, prev_value = saved_state["prev_key"], saved_state["prev_value"]
+                if static_kv:
+                    k, v = prev_key, prev_value
+                else:
+                    k = torch.cat([prev_key, k], dim=2)
+                    v = torch.cat([prev_value, v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=k.size(0),
+                src_len=k.size(2),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"] = k
+            saved_state["prev_value"] = v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            if not self.self_attention:
+                saved_state[QUERY_STEPS] = k.new_empty(k.size(0), offset + tgt_len, 0)
+            self._set_input_buffer(incremental_state, saved_state)
+
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        attn, attn_weights = self.attend(q, k, v, key_padding_mask, attn_mask, need_weights)
+        attn = self.out_proj(attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        if attn_weights is not None and not need_head_weights:
+            attn_weights = attn_weights.mean(dim=0)
+        return attn, attn_weights
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        need_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """softmax(q k^T / sqrt(d) + masks) v on batch-first heads.
+
+        Returns the output (batch, heads, tgt, head_dim) and, if ``need_weights``, the fp32
+        attention probabilities (heads, batch, tgt, src) as fairseq does.
+        """
+        bsz, heads, tgt_len, head_dim = q.size()
+        kv_bsz, src_len = k.size(0), k.size(2)
+        group = bsz // kv_bsz
+        if group > 1:
+            # beams share one copy of the encoder keys: fold them into extra query rows
+            q = q.reshape(kv_bsz, group, heads, tgt_len, head_dim).transpose(1, 2)
+            q = q.reshape(kv_bsz, heads, group * tgt_len, head_dim)
+
+        mask: Optional[Tensor] = None
+        if key_padding_mask is not None:
+            mask = torch.zeros(kv_bsz, 1, 1, src_len, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(key_padding_mask.bool().view(kv_bsz, 1, 1, src_len), float("-inf"))
+        if attn_mask is not None:
+            assert group == 1, "an attention mask cannot be combined with beam-shared keys"
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
+            attn_mask = attn_mask.to(q.dtype)
+            mask = attn_mask if mask is None else mask + attn_mask
+
+        dropout_p = (
+            self.dropout_module.p
+            if self.training or self.dropout_module.apply_during_inference
+            else 0.0
+        )
+        weights = None
+        if not need_weights:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        else:
+            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            if mask is not None:
+                scores = scores + mask
+            weights = utils.softmax(scores, dim=-1)  # fp32, as fairseq returns them
+            out = torch.matmul(self.dropout_module(weights.type_as(scores)), v)
+
+        if group > 1:
+            out = out.view(kv_bsz, heads, group, tgt_len, head_dim).transpose(1, 2)
+            if weights is not None:
+                weights = weights.view(kv_bsz, heads, group, tgt_len, src_len).transpose(1, 2)
+        out = out.reshape(bsz, heads, tgt_len, head_dim)
+        if weights is not None:
+            weights = weights.reshape(bsz, heads, tgt_len, src_len).transpose(0, 1)
+        return out, weights
+
+
+def check_rope_options(theta: float, layout: str) -> None:
+    if not theta > 0:
+        raise ValueError(f"--rope-theta must be positive, got {theta}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"--rope-layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Create (or reuse) the virtual environment .venv inside the checkout and install everything
+# fairseq-rope needs, idempotently: a second run skips what is already installed.
+#
+# Order matters on Python 3.11 (see README "Installation"):
+#   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
+#   deps by name -> tokenisers, scoring, plotting -> this package (editable).
+# A torch already present in the venv (for example a CUDA build a GPU user installed first) is
+# kept and pinned, so no later step can pull a second torch.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-fairseq-fixed==0.12.3.1}"
+STAMP="$VENV/.fairseq_rope_installed"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating virtual environment $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+# The stamp records the inputs of the last complete install; same inputs -> nothing to do.
+WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && "$PY" -c "import fairseq, fairseq_rope" 2>/dev/null; then
+    log "environment $VENV is complete; nothing to install"
+    exit 0
+fi
+
+if "$PY" -c "import torch" 2>/dev/null; then
+    log "keeping installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+else
+    log "installing $TORCH_SPEC"
+    pip_install "$TORCH_SPEC"
+fi
+# Pin the torch we have: no later requirement may replace it or pull a CUDA build.
+CONSTRAINTS="$VENV/torch-constraint.txt"
+"$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$CONSTRAINTS"
+
+pip_install -c "$CONSTRAINTS" numpy cython setuptools wheel
+
+if "$PY" -c "import fairseq" 2>/dev/null; then
+    log "fairseq already installed"
+else
+    log "building $FAIRSEQ_SPEC (compiles C++/Cython extensions; a few minutes on 2 cores, cached by pip afterwards)"
+    pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps "$FAIRSEQ_SPEC"
+fi
+
+log "installing fairseq runtime dependencies and tools"
+pip_install -c "$CONSTRAINTS" \
+    hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
+    sentencepiece subword-nmt sacremoses matplotlib pytest
+
+log "installing fairseq_rope (editable)"
+pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps -e "$ROOT"
+
+"$PY" -c "import torch, fairseq, fairseq_rope; print('[setup] torch', torch.__version__, '| fairseq', fairseq.__version__)"
+echo "$WANT" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
+log "done: $VENV"

@@ -1,0 +1,55 @@
+"""Shared fixtures: a tiny parallel corpus binarized once per session, and a CLI runner that
+calls fairseq's console scripts from this environment exactly as a user would."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
+    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+    exe = BIN / args[0]
+    cmd = [str(exe) if exe.exists() else args[0], *map(str, args[1:])]
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    full_env.update(env or {})
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}"
+            f"\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def write_reversal_corpus(directory: Path, seed: int = 0, sizes=(("train", 1500), ("valid", 60), ("test", 40))):
+    """A toy task that needs positions: the target is the source reversed."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(40)]
+    for split, n in sizes:
+        with open(directory / f"{split}.en", "w") as src, open(directory / f"{split}.de", "w") as tgt:
+            for _ in range(n):
+                sentence = [rng.choice(vocab) for _ in range(rng.randint(2, 10))]
+                src.write(" ".join(sentence) + "\n")
+                tgt.write(" ".join(reversed(sentence)) + "\n")
+
+
+@pytest.fixture(scope="session")
+def tiny_data_bin(tmp_path_factory):
+    """Raw text and a fairseq data-bin of the reversal corpus (en -> de)."""
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    write_reversal_corpus(root)
+    run_cli([
+        "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+        "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
+        "--destdir", root / "data-bin", "--joined-dictionary", "--workers", "1",
+    ])
+    return root
