@@ -2,8 +2,9 @@
 
 Since torch 2.6 ``torch.load`` refuses any pickled class that is not allow-listed. fairseq
 checkpoints hold an ``argparse.Namespace`` (the model arguments) and, after ``--eval-bleu`` or
-``--best-checkpoint-metric`` runs, numpy scalars. We allow exactly those types -- nothing is
-loaded with ``weights_only=False``.
+``--best-checkpoint-metric`` runs, numpy scalars and small numeric numpy arrays (BLEU n-gram
+counts in the saved meters). We allow exactly those types -- nothing is loaded with
+``weights_only=False``.
 """
 
 import argparse
@@ -12,16 +13,17 @@ import numpy as np
 import torch
 
 
-def _numpy_scalar_types():
-    try:  # numpy >= 1.25 / 2.x
-        from numpy._core.multiarray import scalar
-    except ImportError:  # pragma: no cover - older numpy
-        from numpy.core.multiarray import scalar
-    dtype_classes = [type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32, np.bool_)]
-    return [scalar, np.dtype, *dtype_classes]
+def _numpy_types():
+    try:  # numpy 2.x
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+    numeric = (np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_)
+    dtype_classes = [type(np.dtype(t)) for t in numeric]
+    return [scalar, _reconstruct, np.ndarray, np.dtype, *dtype_classes]
 
 
-FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_scalar_types()]
+FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_types()]
 
 
 def allow_fairseq_checkpoints() -> None:

@@ -25,8 +25,9 @@ fi
 PY="$VENV/bin/python"
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-# The stamp records the inputs of the last complete install; same inputs -> nothing to do.
-WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)"
+# The stamp records the inputs of the last complete install (this script, setup.py and the
+# package sources); same inputs -> nothing to do.
+WANT="$(cd "$ROOT" && cat setup.py scripts/setup_env.sh $(find fairseq_rope -name '*.py' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && "$PY" -c "import fairseq, fairseq_rope" 2>/dev/null; then
     log "environment $VENV is complete; nothing to install"
     exit 0
@@ -56,8 +57,12 @@ pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
     sentencepiece subword-nmt sacremoses matplotlib pytest
 
-log "installing fairseq_rope (editable)"
-pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps -e "$ROOT"
+# A regular (not editable) install puts fairseq_rope/ next to fairseq/ in site-packages, where
+# fairseq resolves `--user-dir fairseq_rope` from any working directory.
+log "installing fairseq_rope"
+rm -rf "$ROOT/build"
+pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps --force-reinstall "$ROOT"
+rm -rf "$ROOT/build"
 
 "$PY" -c "import torch, fairseq, fairseq_rope; print('[setup] torch', torch.__version__, '| fairseq', fairseq.__version__)"
 echo "$WANT" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
