@@ -30,7 +30,7 @@ def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
     return proc
 
 
-def write_reversal_corpus(directory: Path, seed: int = 0, sizes=(("train", 1500), ("valid", 60), ("test", 40))):
+def write_reversal_corpus(directory: Path, seed: int = 0, sizes=(("train", 1500), ("valid", 60), ("test", 43))):
     """A toy task that needs positions: the target is the source reversed."""
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(40)]
