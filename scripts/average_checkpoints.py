@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Average the parameters of several fairseq checkpoints into one.
+
+Same command line as fairseq's ``scripts/average_checkpoints.py``::
+
+    # the last 5 update checkpoints (checkpoint_EPOCH_UPDATES.pt) of a directory
+    python scripts/average_checkpoints.py --inputs checkpoints/ --num-update-checkpoints 5 \\
+        --output checkpoints/checkpoint.avg5.pt
+    # the last 5 epoch checkpoints (checkpointEPOCH.pt), none after epoch 40
+    python scripts/average_checkpoints.py --inputs checkpoints/ --num-epoch-checkpoints 5 \\
+        --checkpoint-upper-bound 40 --output avg.pt
+    # an explicit list
+    python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+
+Checkpoints are loaded with torch's safe default (``weights_only=True``; importing
+``fairseq_rope`` allow-lists the few types fairseq checkpoints hold). All inputs must have the
+same parameter names and shapes and the same architecture; otherwise the script stops and names
+the offending file. Floating-point parameters are averaged in float64 and stored in their
+original dtype. The output keeps the first checkpoint's configuration and training state (its
+optimizer state is dropped unless ``--keep-optimizer-state``) and is written atomically: to a
+temporary file in the output directory, renamed when complete.
+"""
+
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fairseq_rope.checkpoint_safe_globals import allow_fairseq_checkpoints  # noqa: E402
+
+allow_fairseq_checkpoints()
+
+
+class CheckpointMismatch(ValueError):
+    pass
+
+
+EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+def last_n_checkpoints(directory, n, update_based, upper_bound=None):
+    """Paths of the ``n`` newest epoch (``checkpointE.pt``) or update (``checkpoint_E_U.pt``)
+    checkpoints of ``directory``, newest first, ignoring those above ``upper_bound``."""
+    pattern = UPDATE_RE if update_based else EPOCH_RE
+    found = []
+    for name in os.listdir(directory):
+        m = pattern.match(name)
+        if m:
+            number = int(m.group(1))
+            if upper_bound is None or number <= upper_bound:
+                found.append((number, os.path.join(directory, name)))
+    kind = "update" if update_based else "epoch"
+    if len(found) < n:
+        raise FileNotFoundError(
+            f"found {len(found)} {kind} checkpoints in {directory}"
+            + (f" up to {upper_bound}" if upper_bound is not None else "")
+            + f", need {n}: {sorted(p for _, p in found) or 'none'}"
+        )
+    return [p for _, p in sorted(found, reverse=True)[:n]]
+
+
+def _architecture(state):
+    """The model architecture recorded in a fairseq checkpoint (None if none is recorded)."""
+    cfg = state.get("cfg")
+    model_cfg = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
+    for holder in (model_cfg, state.get("args")):
+        if holder is None:
+            continue
+        arch = holder.get("arch", holder.get("_name")) if isinstance(holder, dict) else getattr(holder, "arch", None)
+        if arch is not None:
+            return arch
+    return None
+
+
+def load_checkpoint(path):
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - report which file and why
+        raise CheckpointMismatch(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointMismatch(f"{path} is not a fairseq checkpoint (no 'model' entry)")
+    return state
+
+
+def average_checkpoints(paths):
+    """Return a checkpoint dict whose ``model`` is the element-wise mean over ``paths``."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    first_path, first = paths[0], None
+    sums, dtypes, arch = collections.OrderedDict(), {}, None
+    for path in paths:
+        state = load_checkpoint(path)
+        params = state["model"]
+        if first is None:
+            first, arch = state, _architecture(state)
+            for k, v in params.items():
+                dtypes[k] = v.dtype
+                sums[k] = v.detach().to(torch.float64 if v.is_floating_point() else torch.int64).clone()
+            continue
+        if _architecture(state) != arch:
+            raise CheckpointMismatch(
+                f"{path} has architecture {_architecture(state)!r}, but {first_path} has {arch!r}"
+            )
+        missing = [k for k in sums if k not in params]
+        extra = [k for k in params if k not in sums]
+        if missing or extra:
+            raise CheckpointMismatch(
+                f"{path} has different parameter names than {first_path}: "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}"
+            )
+        for k, v in params.items():
+            if tuple(v.shape) != tuple(sums[k].shape):
+                raise CheckpointMismatch(
+                    f"{path}: parameter {k} has shape {tuple(v.shape)}, "
+                    f"but {tuple(sums[k].shape)} in {first_path}"
+                )
+            sums[k] += v.detach().to(sums[k].dtype)
+        del state, params
+    n = len(paths)
+    averaged = collections.OrderedDict()
+    for k, total in sums.items():
+        if total.is_floating_point():
+            averaged[k] = (total / n).to(dtypes[k])
+        else:  # integer buffers (e.g. version counters): floor division, as fairseq does
+            averaged[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
+    first["model"] = averaged
+    return first
+
+
+def save_atomic(state, output):
+    """torch.save to a temporary file next to ``output``, then rename: never a truncated file."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        description="Average the parameters of several fairseq checkpoints.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--inputs", required=True, nargs="+",
+                   help="checkpoint files, or one directory with --num-*-checkpoints")
+    p.add_argument("--output", required=True, metavar="FILE", help="where to write the average")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--num-epoch-checkpoints", type=int,
+                       help="average the last N checkpointEPOCH.pt files of the --inputs directory")
+    group.add_argument("--num-update-checkpoints", type=int,
+                       help="average the last N checkpoint_EPOCH_UPDATES.pt files of the --inputs directory")
+    p.add_argument("--checkpoint-upper-bound", type=int,
+                   help="ignore checkpoints after this epoch (or update, with --num-update-checkpoints)")
+    p.add_argument("--keep-optimizer-state", action="store_true",
+                   help="keep the first input's optimizer state in the output (dropped by default)")
+    args = p.parse_args(argv)
+
+    n = args.num_epoch_checkpoints or args.num_update_checkpoints
+    if args.checkpoint_upper_bound is not None and n is None:
+        p.error("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
+    if n is not None:
+        if n < 1:
+            p.error("the number of checkpoints to average must be at least 1")
+        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
+            p.error("--num-epoch-checkpoints / --num-update-checkpoints need exactly one directory in --inputs")
+        try:
+            inputs = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,
+                                        args.checkpoint_upper_bound)
+        except FileNotFoundError as e:
+            sys.exit(f"error: {e}")
+    else:
+        inputs = args.inputs
+        for path in inputs:
+            if not os.path.isfile(path):
+                sys.exit(f"error: {path} is not a file (for a directory, add --num-update-checkpoints N "
+                         "or --num-epoch-checkpoints N)")
+    if os.path.abspath(args.output) in map(os.path.abspath, inputs):
+        sys.exit(f"error: --output {args.output} is one of the inputs")
+    print(f"averaging {len(inputs)} checkpoints:", *inputs, sep="\n  ", file=sys.stderr)
+    try:
+        state = average_checkpoints(inputs)
+    except CheckpointMismatch as e:
+        sys.exit(f"error: {e}")
+    if not args.keep_optimizer_state:
+        state["last_optimizer_state"] = None
+    save_atomic(state, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

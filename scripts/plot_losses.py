@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Plot training and validation loss per update from a fairseq-train log (``--log-format simple``).
+
+    python scripts/plot_losses.py work/quickstart/checkpoints/transformer_rope_tiny/train.log \\
+        --output loss.png [--label RoPE] [--log other/train.log --label baseline]
+
+Reads the ``train_inner`` lines (``loss=..., num_updates=...``) and the ``valid on 'valid'
+subset`` lines (``| loss ... | num_updates ...``). When a log holds a resumed run, the last
+value logged for an update wins. Writes a PNG with matplotlib's Agg backend (no display needed)
+and prints its path.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+TRAIN_RE = re.compile(r"\btrain_inner\b.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
+VALID_RE = re.compile(r"valid on '([^']+)' subset\b.*?\| loss ([0-9.]+) \|.*?\| num_updates (\d+)")
+
+
+def parse_log(path, subset="valid"):
+    """Return ({update: train loss}, {update: valid loss}) from a fairseq-train log."""
+    train, valid = {}, {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = TRAIN_RE.search(line)
+            if m:
+                train[int(m.group(2))] = float(m.group(1))
+                continue
+            m = VALID_RE.search(line)
+            if m and m.group(1) == subset:
+                valid[int(m.group(3))] = float(m.group(2))
+    return dict(sorted(train.items())), dict(sorted(valid.items()))
+
+
+def plot(runs, output, title=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, train, valid) in enumerate(runs):
+        c = colors[i % len(colors)]
+        prefix = f"{label} " if label else ""
+        if train:
+            ax.plot(list(train), list(train.values()), color=c, alpha=0.8, label=f"{prefix}train")
+        if valid:
+            ax.plot(list(valid), list(valid.values()), color=c, linestyle="--", marker="o", markersize=3,
+                    label=f"{prefix}valid")
+    ax.set_xlabel("update")
+    ax.set_ylabel("loss (label-smoothed cross-entropy, base 2)")
+    ax.set_title(title or "fairseq-train loss")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, output)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("logs", nargs="*", help="fairseq-train log file(s)")
+    p.add_argument("--log", action="append", default=[], help="another log (same as a positional one)")
+    p.add_argument("--label", action="append", default=[], help="legend label for each log, in order")
+    p.add_argument("--output", "-o", required=True, help="PNG file to write")
+    p.add_argument("--title")
+    p.add_argument("--subset", default="valid", help="validation subset name in the log")
+    args = p.parse_args(argv)
+    logs = args.logs + args.log
+    if not logs:
+        p.error("give at least one log file")
+    runs = []
+    for i, path in enumerate(logs):
+        train, valid = parse_log(path, args.subset)
+        if not train and not valid:
+            sys.exit(f"error: no train_inner or valid lines in {path}; was it written by fairseq-train "
+                     "with --log-format simple?")
+        label = args.label[i] if i < len(args.label) else (os.path.basename(os.path.dirname(path)) if len(logs) > 1 else "")
+        runs.append((label, train, valid))
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    os.makedirs(out_dir, exist_ok=True)
+    plot(runs, args.output, args.title)
+    print(os.path.abspath(args.output))
+
+
+if __name__ == "__main__":
+    main()

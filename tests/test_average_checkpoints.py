@@ -1,0 +1,174 @@
+"""scripts/average_checkpoints.py: exact mean, selection of the last N, refusal of mismatched
+checkpoints, atomic writes, and a result that fairseq-generate loads."""
+
+import argparse
+import collections
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("average_checkpoints", REPO / "scripts" / "average_checkpoints.py")
+avg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(avg)
+
+
+def make_checkpoint(path, params, arch="transformer_rope_tiny"):
+    """A checkpoint shaped like fairseq's: model params, cfg with an argparse.Namespace, optimizer."""
+    state = {
+        "model": collections.OrderedDict(params),
+        "cfg": {"model": argparse.Namespace(arch=arch, encoder_embed_dim=4), "common": {"seed": 1}},
+        "args": None,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "num_updates": 10}],
+        "last_optimizer_state": {"state": {0: {"exp_avg": torch.ones(3)}}},
+        "extra_state": {"train_iterator": {"epoch": 1}},
+    }
+    torch.save(state, path)
+    return path
+
+
+def random_params(seed, shapes=(("encoder.w", (4, 3)), ("decoder.b", (3,)))):
+    g = torch.Generator().manual_seed(seed)
+    params = {name: torch.randn(*shape, generator=g) for name, shape in shapes}
+    params["encoder.version"] = torch.tensor([3])
+    return params
+
+
+def test_exact_mean_of_explicit_list(tmp_path):
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(3)]
+    out = tmp_path / "avg.pt"
+    avg.main(["--inputs", *map(str, paths), "--output", str(out)])
+    result = torch.load(out)  # safe default loader: the allow-list covers the Namespace
+    loaded = [torch.load(p)["model"] for p in paths]
+    for name in ("encoder.w", "decoder.b"):
+        expected = (sum(m[name].double() for m in loaded) / 3).float()
+        assert result["model"][name].dtype == torch.float32
+        assert torch.equal(result["model"][name], expected)
+        assert not torch.equal(result["model"][name], loaded[0][name])
+    assert torch.equal(result["model"]["encoder.version"], torch.tensor([3]))
+    assert result["cfg"]["model"].arch == "transformer_rope_tiny"
+    assert result["last_optimizer_state"] is None  # dropped unless --keep-optimizer-state
+
+
+def test_half_precision_parameters_are_averaged_in_high_precision(tmp_path):
+    a = {"w": torch.full((2,), 1000.0, dtype=torch.float16)}
+    b = {"w": torch.full((2,), 1001.0, dtype=torch.float16)}
+    make_checkpoint(tmp_path / "a.pt", a)
+    make_checkpoint(tmp_path / "b.pt", b)
+    avg.main(["--inputs", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--output", str(tmp_path / "o.pt")])
+    w = torch.load(tmp_path / "o.pt")["model"]["w"]
+    assert w.dtype == torch.float16
+    assert torch.equal(w, torch.tensor([1000.5, 1000.5]).half())
+
+
+def _constant_checkpoint(path, value):
+    return make_checkpoint(path, {"w": torch.full((2, 2), float(value))})
+
+
+def test_last_update_checkpoints_of_a_directory_with_upper_bound(tmp_path):
+    for epoch, update in ((1, 100), (2, 200), (3, 300), (3, 400)):
+        _constant_checkpoint(tmp_path / f"checkpoint_{epoch}_{update}.pt", update)
+    _constant_checkpoint(tmp_path / "checkpoint_last.pt", -1)  # never selected
+    _constant_checkpoint(tmp_path / "checkpoint3.pt", -1)      # an epoch checkpoint: not an update one
+    out = tmp_path / "avg.pt"
+    avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(out)])
+    assert torch.load(out)["model"]["w"][0, 0].item() == 350.0
+    avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "3", "--checkpoint-upper-bound", "300",
+              "--output", str(out)])
+    assert torch.load(out)["model"]["w"][0, 0].item() == 200.0
+
+
+def test_last_epoch_checkpoints_and_too_few(tmp_path):
+    for epoch in (1, 2, 3, 10):
+        _constant_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
+    _constant_checkpoint(tmp_path / "checkpoint_10_5000.pt", -100)
+    out = tmp_path / "avg.pt"
+    avg.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2", "--output", str(out)])
+    assert torch.load(out)["model"]["w"][0, 0].item() == 6.5  # epochs 10 and 3, sorted numerically
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5", "--output", str(tmp_path / "x.pt")])
+    assert "found 4 epoch checkpoints" in str(e.value) and "need 5" in str(e.value)
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["shape", "names", "arch"])
+def test_mismatched_checkpoints_are_refused_naming_the_file(tmp_path, kind):
+    good = make_checkpoint(tmp_path / "good.pt", random_params(0))
+    if kind == "shape":
+        bad = make_checkpoint(tmp_path / "bad.pt", random_params(1, (("encoder.w", (4, 4)), ("decoder.b", (3,)))))
+        expect = "encoder.w has shape (4, 4)"
+    elif kind == "names":
+        bad = make_checkpoint(tmp_path / "bad.pt", random_params(1, (("encoder.w", (4, 3)), ("decoder.bias", (3,)))))
+        expect = "different parameter names"
+    else:
+        bad = make_checkpoint(tmp_path / "bad.pt", random_params(1), arch="transformer_tiny")
+        expect = "architecture 'transformer_tiny'"
+    out = tmp_path / "avg.pt"
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(good), str(bad), "--output", str(out)])
+    message = str(e.value)
+    assert str(bad) in message and expect in message
+    assert not out.exists()
+
+
+def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
+    real_save = torch.save
+
+    def crash_halfway(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(f.tell() // 2)  # a partial file on disk, then the "crash"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(avg.torch, "save", crash_halfway)
+    out = tmp_path / "avg.pt"
+    with pytest.raises(KeyboardInterrupt):
+        avg.main(["--inputs", *map(str, paths), "--output", str(out)])
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]  # no temporary left
+
+    # an existing output survives a crashed rewrite untouched
+    out.write_bytes(b"previous average")
+    with pytest.raises(KeyboardInterrupt):
+        avg.main(["--inputs", *map(str, paths), "--output", str(out)])
+    assert out.read_bytes() == b"previous average"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "c0.pt", "c1.pt"]
+
+
+def test_unreadable_checkpoint_is_named(tmp_path):
+    good = make_checkpoint(tmp_path / "good.pt", random_params(0))
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good.read_bytes()[:100])
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(good), str(bad), "--output", str(tmp_path / "o.pt")])
+    assert f"cannot load {bad}" in str(e.value)
+
+
+def test_average_of_trained_checkpoints_loads_in_fairseq_generate(tiny_data_bin, tmp_path):
+    save = tmp_path / "ckpt"
+    run_cli([
+        "fairseq-train", tiny_data_bin / "data-bin", "--user-dir", REPO / "fairseq_rope",
+        "--arch", "transformer_rope_tiny", "--share-all-embeddings", "--optimizer", "adam", "--lr", "1e-3",
+        "--max-tokens", "1000", "--max-update", "6", "--save-interval-updates", "2", "--keep-interval-updates", "5",
+        "--no-epoch-checkpoints", "--save-dir", save, "--cpu", "--num-workers", "0", "--log-format", "simple",
+        "--criterion", "label_smoothed_cross_entropy", "--disable-validation",
+    ])
+    out = tmp_path / "avg.pt"
+    run_cli(["python", REPO / "scripts" / "average_checkpoints.py", "--inputs", save,
+             "--num-update-checkpoints", "3", "--output", out])
+    members = [torch.load(save / f"checkpoint_1_{u}.pt")["model"] for u in (2, 4, 6)]
+    name = "encoder.layers.0.fc1.weight"
+    expected = (sum(m[name].double() for m in members) / 3).to(members[0][name].dtype)
+    assert torch.equal(torch.load(out)["model"][name], expected)
+    gen = run_cli([
+        "fairseq-generate", tiny_data_bin / "data-bin", "--user-dir", REPO / "fairseq_rope", "--path", out,
+        "--gen-subset", "test", "--beam", "4", "--lenpen", "0.6", "--cpu", "--max-tokens", "2000",
+    ])
+    n_test = sum(1 for _ in open(tiny_data_bin / "test.en"))
+    assert gen.stdout.count("\nH-") + gen.stdout.startswith("H-") == n_test
+    assert "Generate test with beam=4" in gen.stdout

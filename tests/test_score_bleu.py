@@ -1,0 +1,113 @@
+"""scripts/score_bleu.py: compound-split tokenized BLEU and sacreBLEU on hand-checked files."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+score_bleu = _load("score_bleu")
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_compound_split_is_the_standard_rewrite():
+    assert score_bleu.compound_split("ein gut-bekannter Test") == "ein gut ##AT##-##AT## bekannter Test"
+    # Moses -a output: the "@-@" token itself is rewritten, as fairseq's compound_split_bleu.sh does
+    assert score_bleu.compound_split("gut @-@ bekannter") == "gut @ ##AT##-##AT## @ bekannter"
+    # no rewrite next to spaces; non-overlapping matches like perl's s///g
+    assert score_bleu.compound_split("a - b -c d-") == "a - b -c d-"
+    assert score_bleu.compound_split("a-b-c") == "a ##AT##-##AT## b-c"
+
+
+def test_tokenized_bleu_by_hand():
+    # hyp drops one "the": n-gram matches 5/5, 3/4, 2/3, 1/2; BP = exp(1 - 6/5)
+    score, _ = score_bleu.tokenized_bleu(["the cat sat on mat"], ["the cat sat on the mat"])
+    expected = 100 * math.exp(1 - 6 / 5) * (5 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25
+    assert score.score == pytest.approx(expected, abs=1e-6)
+    assert score.sys_len == 5 and score.ref_len == 6
+
+
+def test_compound_splitting_changes_the_score_as_computed_by_hand():
+    ref = ["das ist ein gut-bekannter Test für alle"]
+    hyp = ["das ist ein gut-erzogener Test für alle"]
+    # after splitting, 9 tokens each; matches 8/9, 6/8, 4/7, 2/6
+    score, _ = score_bleu.tokenized_bleu(hyp, ref)
+    assert score.score == pytest.approx(100 * (8 / 9 * 6 / 8 * 4 / 7 * 2 / 6) ** 0.25, abs=1e-6)
+    assert score.sys_len == 9
+    # without the split no 4-gram matches: multi-bleu (no smoothing) gives 0
+    from sacrebleu.metrics import BLEU
+
+    unsplit = BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyp, [ref])
+    assert unsplit.score == 0.0
+
+
+def test_cli_both_scores_and_files(tmp_path, capsys):
+    hyp = _write(tmp_path / "hyp.tok.de", [
+        "Das ist ein gut @-@ bekannter Test , oder ?",
+        "Der Hund sieht die Katze .",
+    ])
+    ref = _write(tmp_path / "ref.tok.de", [
+        "Das ist ein gut @-@ bekannter Test , oder ?",
+        "Der Hund sieht die Katze .",
+    ])
+    raw = _write(tmp_path / "ref.de", ["Das ist ein gut-bekannter Test, oder?", "Der Hund sieht die Katze."])
+    out_json = tmp_path / "scores.json"
+    detok = tmp_path / "hyp.detok.de"
+    score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "de",
+                     "--out-json", str(out_json), "--detok-out", str(detok)])
+    printed = capsys.readouterr().out
+    assert "Tokenized BLEU (compound split): 100.00" in printed
+    assert "sacreBLEU: 100.00" in printed
+    # the Moses detokenizer undoes "@-@" and the spaces before punctuation
+    assert detok.read_text(encoding="utf-8").splitlines() == raw.read_text(encoding="utf-8").splitlines()
+    result = json.loads(out_json.read_text())
+    assert result["tokenized_bleu_compound_split"]["score"] == 100.0
+    sig = result["sacrebleu"]["signature"]
+    assert "nrefs:1" in sig and "tok:13a" in sig and "version:" in sig
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cli_sacrebleu_by_hand(tmp_path, capsys):
+    # 13a tokenization: "mat." -> "mat ." ; hyp "the cat sat on mat ." vs ref "the cat sat on the mat ."
+    hyp = _write(tmp_path / "hyp", ["the cat sat on mat ."])
+    ref = _write(tmp_path / "ref", ["the cat sat on the mat ."])
+    raw = _write(tmp_path / "raw", ["the cat sat on the mat."])
+    result = score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "en"])
+    # 6 hypothesis tokens, 7 reference tokens. 2-grams: "on mat" is the only miss (4/5); 3-grams:
+    # "the cat sat", "cat sat on" match, "sat on mat", "on mat ." do not (2/4); 4-grams: only
+    # "the cat sat on" (1/3). Smoothing does not matter: no precision is zero.
+    expected = 100 * math.exp(1 - 7 / 6) * (6 / 6 * 4 / 5 * 2 / 4 * 1 / 3) ** 0.25
+    assert result["sacrebleu"]["score"] == pytest.approx(expected, abs=0.01)
+    assert result["tokenized_bleu_compound_split"]["score"] == pytest.approx(expected, abs=0.01)
+
+
+def test_cli_tokenize_option(tmp_path):
+    hyp = _write(tmp_path / "hyp", ["Ein gut-bekannter Test, oder?"])
+    ref = _write(tmp_path / "ref", ["Ein gut-bekannter Test, oder?"])
+    result = score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--tokenize", "--lang", "de"])
+    assert result["tokenized_bleu_compound_split"]["score"] == 100.0
+    # tokenized with -a: Ein gut @ ##AT##-##AT## @ bekannter Test , oder ?
+    assert result["tokenized_bleu_compound_split"]["sys_len"] == 10
+
+
+def test_cli_refuses_files_of_different_length(tmp_path):
+    hyp = _write(tmp_path / "hyp", ["a b", "c d"])
+    ref = _write(tmp_path / "ref", ["a b"])
+    with pytest.raises(SystemExit) as e:
+        score_bleu.main(["--hyp", str(hyp), "--ref", str(ref)])
+    assert "2 lines" in str(e.value) and "ref" in str(e.value)
