@@ -22,8 +22,11 @@ from fairseq.models.transformer import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from ..modules.rotary import LAYOUTS, rotary_dim_for
+from ..modules.linear_rotary_attention import LinearRotaryAttention
+from ..modules.rotary import LAYOUTS, SCALINGS, check_scaling, rotary_dim_for
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention, check_rope_options
+
+ATTENTION_KINDS = ("softmax", "linear")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class RopeOptions:
     fraction: float = 1.0
     layout: str = "interleaved"
     cross_attention: bool = False
+    values: bool = False
+    attention_kind: str = "softmax"
+    scaling: str = "none"
+    scaling_factor: float = 1.0
+    scaling_original_length: int = 0
 
     @classmethod
     def from_args(cls, args) -> "RopeOptions":
@@ -40,14 +48,37 @@ class RopeOptions:
             fraction=args.rope_fraction,
             layout=args.rope_layout,
             cross_attention=bool(args.rope_cross_attention),
+            values=bool(getattr(args, "rope_values", False)),
+            attention_kind=getattr(args, "attention_kind", "softmax"),
+            scaling=getattr(args, "rope_scaling", "none"),
+            scaling_factor=float(getattr(args, "rope_scaling_factor", 1.0)),
+            scaling_original_length=int(getattr(args, "rope_scaling_original_length", 0)),
         )
 
-    def attention_kwargs(self):
-        return dict(rope_theta=self.theta, rope_fraction=self.fraction, rope_layout=self.layout)
+    def attention_kwargs(self, values: bool = False):
+        return dict(
+            rope_theta=self.theta,
+            rope_fraction=self.fraction,
+            rope_layout=self.layout,
+            rope_values=values and self.values,
+            rope_scaling=self.scaling,
+            rope_scaling_factor=self.scaling_factor,
+            rope_scaling_original_length=self.scaling_original_length,
+        )
+
+    def self_attention_class(self):
+        return LinearRotaryAttention if self.attention_kind == "linear" else RotaryMultiheadAttention
 
     def validate(self, args) -> None:
         """Fail at model build, naming the flag, before any layer is made."""
         check_rope_options(self.theta, self.layout)
+        check_scaling(self.scaling, self.scaling_factor, self.scaling_original_length)
+        if self.attention_kind not in ATTENTION_KINDS:
+            raise ValueError(
+                f"--attention-kind must be one of {', '.join(ATTENTION_KINDS)}; got {self.attention_kind!r}"
+            )
+        if self.values and self.attention_kind == "linear":
+            raise ValueError("--rope-values cannot be combined with --attention-kind linear")
         for side in ("encoder", "decoder"):
             embed_dim = getattr(args, f"{side}_embed_dim")
             heads = getattr(args, f"{side}_attention_heads")
@@ -68,14 +99,16 @@ class RotaryTransformerEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc=return_fc)
 
     def build_self_attention(self, embed_dim, cfg):
-        return RotaryMultiheadAttention(
+        kwargs = dict(causal=False) if self.rope.attention_kind == "linear" else {}
+        return self.rope.self_attention_class()(
             embed_dim,
             cfg.encoder.attention_heads,
             dropout=cfg.attention_dropout,
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
-            **self.rope.attention_kwargs(),
+            **kwargs,
+            **self.rope.attention_kwargs(values=True),
         )
 
 
@@ -87,7 +120,8 @@ class RotaryTransformerDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if cfg.cross_self_attention:
             raise ValueError("--cross-self-attention is not supported by transformer_rope")
-        return RotaryMultiheadAttention(
+        kwargs = dict(causal=True) if self.rope.attention_kind == "linear" else {}
+        return self.rope.self_attention_class()(
             embed_dim,
             cfg.decoder.attention_heads,
             dropout=cfg.attention_dropout,
@@ -96,7 +130,8 @@ class RotaryTransformerDecoderLayer(TransformerDecoderLayerBase):
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
-            **self.rope.attention_kwargs(),
+            **kwargs,
+            **self.rope.attention_kwargs(values=True),
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
@@ -148,6 +183,23 @@ class TransformerRopeModel(TransformerModel):
         parser.add_argument("--rope-cross-attention", action="store_true",
                             help="also rotate encoder-decoder attention: queries by target "
                                  "position, keys by source position (off, as in the paper)")
+        parser.add_argument("--rope-values", action="store_true",
+                            help="RoPER: also rotate values by their key position and the "
+                                 "self-attention output back by the query position, so value j "
+                                 "enters query i as R(j-i) v_j")
+        parser.add_argument("--attention-kind", choices=ATTENTION_KINDS,
+                            help="softmax, or linear: RoPE with linear attention (RoFormer eq. 19, "
+                                 "elu+1 features) in encoder and decoder self-attention "
+                                 "(default: softmax)")
+        parser.add_argument("--rope-scaling", choices=SCALINGS,
+                            help="frequency scaling to run on inputs longer than in training: "
+                                 "linear (position interpolation), ntk, yarn; usually set at "
+                                 "generate time with --model-overrides (default: none)")
+        parser.add_argument("--rope-scaling-factor", type=float, metavar="S",
+                            help="length extension factor s >= 1 for --rope-scaling (default: 1)")
+        parser.add_argument("--rope-scaling-original-length", type=int, metavar="L",
+                            help="longest sequence (tokens) seen in training; needed by "
+                                 "--rope-scaling yarn (default: 0, unset)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -171,6 +223,11 @@ def _rope_defaults(args):
     args.rope_fraction = getattr(args, "rope_fraction", 1.0)
     args.rope_layout = getattr(args, "rope_layout", "interleaved")
     args.rope_cross_attention = getattr(args, "rope_cross_attention", False)
+    args.rope_values = getattr(args, "rope_values", False)
+    args.attention_kind = getattr(args, "attention_kind", "softmax")
+    args.rope_scaling = getattr(args, "rope_scaling", "none")
+    args.rope_scaling_factor = getattr(args, "rope_scaling_factor", 1.0)
+    args.rope_scaling_original_length = getattr(args, "rope_scaling_original_length", 0)
     # RoPE replaces absolute positions: nothing is added to the token embeddings.
     args.no_token_positional_embeddings = True
 

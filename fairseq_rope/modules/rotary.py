@@ -20,6 +20,7 @@ through untouched. Angles are always computed in fp32 (positions up to 2^24 are 
 fp16 cannot even represent position 2049, bf16 not 257.
 """
 
+import math
 from typing import Tuple
 
 import torch
@@ -50,6 +51,61 @@ def inverse_frequencies(rotary_dim: int, theta: float, dtype=torch.float32) -> T
     return (theta ** -exponents).to(dtype)
 
 
+SCALINGS = ("none", "linear", "ntk", "yarn")
+
+
+def check_scaling(scaling: str, factor: float, original_length: int = 0) -> None:
+    if scaling not in SCALINGS:
+        raise ValueError(f"--rope-scaling must be one of {', '.join(SCALINGS)}; got {scaling!r}")
+    if not factor >= 1.0:
+        raise ValueError(f"--rope-scaling-factor must be >= 1, got {factor}")
+    if scaling == "yarn" and not original_length > 0:
+        raise ValueError(
+            "--rope-scaling yarn needs --rope-scaling-original-length (the longest sequence, "
+            f"in tokens, seen in training), got {original_length}"
+        )
+
+
+def scaled_inverse_frequencies(
+    rotary_dim: int,
+    theta: float,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_length: int = 0,
+    dtype=torch.float32,
+) -> Tensor:
+    """theta_i of eq. (15), modified to run a model on ``factor`` x longer inputs than trained.
+
+    * ``linear`` (position interpolation): angle (m / s) theta_i, i.e. theta_i / s;
+    * ``ntk`` ("NTK-aware"): base -> base * s^(d / (d - 2)), so the lowest frequency is
+      interpolated by exactly s while the highest is unchanged;
+    * ``yarn`` (Peng et al. 2023, arXiv:2309.00071, "NTK-by-parts"): with wavelength
+      lambda_i = 2 pi / theta_i and r_i = L / lambda_i for training length L, dimensions with
+      r_i < 1 are interpolated (theta_i / s), those with r_i > 32 kept, a linear ramp between.
+
+    With ``factor == 1`` every scaling returns the unscaled frequencies.
+    """
+    check_scaling(scaling, factor, original_length)
+    if scaling == "ntk":
+        theta = theta * factor ** (rotary_dim / (rotary_dim - 2)) if rotary_dim > 2 else theta
+    inv_freq = inverse_frequencies(rotary_dim, theta, dtype=torch.float64)
+    if scaling == "linear":
+        inv_freq = inv_freq / factor
+    elif scaling == "yarn":
+        alpha, beta = 1.0, 32.0
+        ratio = original_length * inv_freq / (2 * math.pi)  # r_i = L / lambda_i
+        keep = ((ratio - alpha) / (beta - alpha)).clamp(0.0, 1.0)  # gamma(r_i)
+        inv_freq = (1.0 - keep) * inv_freq / factor + keep * inv_freq
+    return inv_freq.to(dtype)
+
+
+def attention_temperature(scaling: str, factor: float) -> float:
+    """Multiplier of the attention logits: YaRN's 1/t with sqrt(1/t) = 0.1 ln(s) + 1; else 1."""
+    if scaling != "yarn" or factor <= 1.0:
+        return 1.0
+    return (0.1 * math.log(factor) + 1.0) ** 2
+
+
 def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     """m * theta_i for every position m (eq. 15), in the precision of ``inv_freq`` but never
     below fp32, whatever the model dtype."""
@@ -73,7 +129,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
     if layout == "interleaved":
         # The pairs of eq. (15) are adjacent channels: a complex multiply by e^{i m theta}
         # (eq. 12 generalised) is the block-diagonal rotation in a single kernel.
-        pairs = torch.view_as_complex(x_rot.reshape(*x_rot.shape[:-1], half, 2).contiguous())
+        pairs = x_rot.reshape(*x_rot.shape[:-1], half, 2)
+        if pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1]):
+            pairs = pairs.contiguous()  # view_as_complex needs even strides; most views have them
+        pairs = torch.view_as_complex(pairs)
         rotated = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
     elif layout == "half":
         x1, x2 = x_rot[..., :half], x_rot[..., half:]
@@ -128,4 +187,8 @@ __all__ = [
     "interleaved_to_half_permutation",
     "positions_from_padding_mask",
     "relative_upper_bound",
+    "SCALINGS",
+    "check_scaling",
+    "scaled_inverse_frequencies",
+    "attention_temperature",
 ]

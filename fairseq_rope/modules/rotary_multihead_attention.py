@@ -11,11 +11,13 @@ from torch import Tensor
 from .rotary import (
     LAYOUTS,
     apply_rotary,
+    attention_temperature,
+    check_scaling,
     cos_sin,
-    inverse_frequencies,
     positions_from_padding_mask,
     rotary_dim_for,
     rotation_angles,
+    scaled_inverse_frequencies,
 )
 
 # Cache key whose *shape* (batch, steps, 0) counts decoder steps for rotary cross-attention. It
@@ -31,18 +33,34 @@ class RotaryTable:
     stale table behind.
     """
 
-    def __init__(self, rotary_dim: int, theta: float):
+    def __init__(
+        self,
+        rotary_dim: int,
+        theta: float,
+        scaling: str = "none",
+        factor: float = 1.0,
+        original_length: int = 0,
+    ):
         self.rotary_dim = rotary_dim
         self.theta = theta
+        # --rope-scaling: frequencies for inputs longer than in training (see
+        # scaled_inverse_frequencies); "none" or factor 1 is plain RoPE.
+        self.scaling = scaling
+        self.factor = float(factor)
+        self.original_length = int(original_length)
+        self.inv_freq = scaled_inverse_frequencies(
+            rotary_dim, theta, scaling, self.factor, self.original_length, dtype=torch.float64
+        )
+        self.attention_factor = attention_temperature(scaling, self.factor)
         self._tables: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
 
     def angles(self, length: int) -> Tensor:
         """m * theta_i for m < length, computed in fp64 on the CPU (exact for any realistic m)."""
-        inv_freq = inverse_frequencies(self.rotary_dim, self.theta, dtype=torch.float64)
-        return rotation_angles(torch.arange(length), inv_freq)
+        return rotation_angles(torch.arange(length), self.inv_freq)
 
-    def lookup(self, positions: Tensor, max_position: int) -> Tuple[Tensor, Tensor]:
-        """cos, sin (fp32) for integer ``positions`` (any shape, all < ``max_position``)."""
+    def lookup(self, positions: Tensor, max_position: int, gather: bool = True) -> Tuple[Tensor, Tensor]:
+        """cos, sin (fp32) for integer ``positions`` (any shape, all < ``max_position``); with
+        ``gather=False``, the whole tables (length >= ``max_position``) on their device."""
         device = positions.device
         table = self._tables.get(device)
         if table is None or table[0].size(0) < max_position:
@@ -50,6 +68,8 @@ class RotaryTable:
             cos, sin = cos_sin(self.angles(length))
             table = (cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32))
             self._tables[device] = table
+        if not gather:
+            return table
         return table[0][positions], table[1][positions]
 
 
@@ -75,6 +95,10 @@ class RotaryMultiheadAttention(MultiheadAttention):
         rope_theta: float = 10000.0,
         rope_fraction: float = 1.0,
         rope_layout: str = "interleaved",
+        rope_values: bool = False,
+        rope_scaling: str = "none",
+        rope_scaling_factor: float = 1.0,
+        rope_scaling_original_length: int = 0,
         **kwargs,
     ):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
@@ -88,23 +112,67 @@ class RotaryMultiheadAttention(MultiheadAttention):
         self.rope_theta = float(rope_theta)
         self.rope_layout = rope_layout
         self.rotary_dim = rotary_dim_for(self.head_dim, rope_fraction)
-        self.rotary_table = RotaryTable(self.rotary_dim, self.rope_theta)
+        check_scaling(rope_scaling, rope_scaling_factor, rope_scaling_original_length)
+        self.rotary_table = RotaryTable(
+            self.rotary_dim,
+            self.rope_theta,
+            rope_scaling,
+            rope_scaling_factor,
+            rope_scaling_original_length,
+        )
+        # RoPER (--rope-values): values rotate by their key position and the output rotates back
+        # by minus the query position, so value j reaches query i as R_{j - i} v_j.
+        if rope_values and not self.self_attention:
+            raise ValueError("--rope-values applies to self-attention only")
+        self.rope_values = bool(rope_values)
 
     def extra_repr(self) -> str:
         return (
             f"rotary_dim={self.rotary_dim}, head_dim={self.head_dim}, "
             f"theta={self.rope_theta:g}, layout={self.rope_layout}"
+            + (", values=True" if self.rope_values else "")
+            + (
+                f", scaling={self.rotary_table.scaling}x{self.rotary_table.factor:g}"
+                if self.rotary_table.scaling != "none"
+                else ""
+            )
         )
+
+    def self_attention_positions(
+        self, key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
+    ) -> Tensor:
+        """Positions of the new tokens of a self-attention call: in-sentence positions from the
+        padding mask in a full pass (left padding changes nothing), else offset..offset+length-1."""
+        if not incremental and key_padding_mask is not None:
+            return positions_from_padding_mask(key_padding_mask)
+        return torch.arange(offset, offset + length, device=device)
+
+    def rotate_back(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
+        """R_{-m} x, the inverse rotation, for time-first ``x`` (RoPER's output rotation)."""
+        cos, sin = self.rotary_table.lookup(positions, max_position)
+        if positions.dim() == 1:
+            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        else:
+            cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+        return apply_rotary(x, cos, -sin, self.rope_layout)
 
     def rotate(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
         """Rotate time-first ``x`` (time, batch, heads, head_dim) by ``positions``, which are
-        (time,) shared by the batch or (batch, time) per sentence."""
+        (time,) shared by the batch or (batch, time) per sentence.
+
+        On CUDA with Triton, one fused kernel reads cos/sin from the table by position; elsewhere
+        the reference ``apply_rotary``. Either way the backward pass is the inverse rotation."""
+        from .fused_rotary import can_fuse, fused_rotate, rotate_reference
+
+        if can_fuse(x):
+            cos_table, sin_table = self.rotary_table.lookup(positions, max_position, gather=False)
+            return fused_rotate([x], cos_table, sin_table, positions, self.rope_layout)
         cos, sin = self.rotary_table.lookup(positions, max_position)
         if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
             cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         else:  # (B, T, r/2) -> (T, B, 1, r/2)
             cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
-        return apply_rotary(x, cos, sin, self.rope_layout)
+        return rotate_reference(x, cos, sin, self.rope_layout)
 
     def forward(
         self,
@@ -152,12 +220,13 @@ class RotaryMultiheadAttention(MultiheadAttention):
         device = query.device
         if self.self_attention:
             offset = saved_state["prev_key"].size(2) if cached else 0
-            if incremental_state is None and key_padding_mask is not None:
-                positions = positions_from_padding_mask(key_padding_mask)
-            else:
-                positions = torch.arange(offset, offset + tgt_len, device=device)
+            positions = self.self_attention_positions(
+                key_padding_mask, incremental_state is not None, offset, tgt_len, device
+            )
             q = self.rotate(q, positions, offset + tgt_len)
             k = self.rotate(k, positions, offset + tgt_len)
+            if self.rope_values:  # cached rotated, like the keys
+                v = self.rotate(v, positions, offset + tgt_len)
         else:
             steps = saved_state.get(QUERY_STEPS) if saved_state is not None else None
             offset = steps.size(1) if steps is not None else 0
@@ -170,6 +239,8 @@ class RotaryMultiheadAttention(MultiheadAttention):
                     key_positions = torch.arange(src_len, device=device)
                 k = self.rotate(k, key_positions, src_len)
 
+        if self.rotary_table.attention_factor != 1.0:  # YaRN attention temperature
+            q = q * self.rotary_table.attention_factor
         # Batch-first heads: (batch, heads, time, head_dim), the layout fairseq caches.
         q = q.permute(1, 2, 0, 3)
         if k is not None:
@@ -201,7 +272,10 @@ class RotaryMultiheadAttention(MultiheadAttention):
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
         attn, attn_weights = self.attend(q, k, v, key_padding_mask, attn_mask, need_weights)
-        attn = self.out_proj(attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        attn = attn.permute(2, 0, 1, 3)
+        if self.rope_values:
+            attn = self.rotate_back(attn, positions, offset + tgt_len)
+        attn = self.out_proj(attn.reshape(tgt_len, bsz, embed_dim))
         if attn_weights is not None and not need_head_weights:
             attn_weights = attn_weights.mean(dim=0)
         return attn, attn_weights

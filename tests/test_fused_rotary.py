@@ -1,0 +1,163 @@
+"""The rotation used by ``RotaryMultiheadAttention.rotate``: its autograd shortcut and the fused
+CUDA kernel give the reference ``apply_rotary`` numbers, forward and backward.
+
+The CUDA tests are skipped without a GPU and Triton; the CPU tests check the fallback."""
+
+import pytest
+import torch
+
+from fairseq_rope.modules import fused_rotary
+from fairseq_rope.modules.fused_rotary import RotaryFunction, can_fuse, fused_available, fused_rotate
+from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary
+from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention, RotaryTable
+
+needs_fused = pytest.mark.skipif(
+    not (torch.cuda.is_available() and fused_available()), reason="needs CUDA and Triton"
+)
+
+
+def reference(x, table, positions, layout, max_position):
+    """The reference rotation of time-first ``x`` with autograd through ``apply_rotary``."""
+    cos, sin = table.lookup(positions, max_position)
+    if positions.dim() == 1:
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    else:
+        cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+    return apply_rotary(x, cos, sin, layout)
+
+
+def positions_for(kind, T, B, device):
+    if kind == "shared":
+        return torch.arange(3, 3 + T, device=device)
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, T + 3, (B, T), generator=g).to(device)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("head_dim,rotary_dim", [(16, 16), (16, 8), (12, 4)])
+@pytest.mark.parametrize("kind", ["shared", "per_sentence"])
+def test_rotary_function_matches_autograd_of_reference(layout, head_dim, rotary_dim, kind):
+    torch.manual_seed(0)
+    T, B, H = 5, 3, 2
+    table = RotaryTable(rotary_dim, 10000.0)
+    positions = positions_for(kind, T, B, "cpu")
+    x = torch.randn(T, B, H, head_dim, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(T, B, H, head_dim, dtype=torch.float64)
+    expected = reference(x, table, positions, layout, T + 3)
+    (expected_grad,) = torch.autograd.grad(expected, x, grad)
+
+    cos, sin = table.lookup(positions, T + 3)
+    if kind == "shared":
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    else:
+        cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+    got = RotaryFunction.apply(x, cos, sin, layout)
+    (got_grad,) = torch.autograd.grad(got, x, grad)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-6)
+
+
+def test_non_contiguous_input_gives_the_same_rotation():
+    """Permuted views (as gradients arrive from batch-first attention) are rotated without a copy
+    and give the numbers of their contiguous copy (up to the rounding of the vectorised loop)."""
+    torch.manual_seed(0)
+    table = RotaryTable(8, 10000.0)
+    cos, sin = table.lookup(torch.arange(4), 4)
+    cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    x = torch.randn(2, 3, 4, 8).permute(2, 0, 1, 3)  # (T, B, H, D) view of a batch-first tensor
+    for layout in LAYOUTS:
+        torch.testing.assert_close(
+            apply_rotary(x, cos, sin, layout), apply_rotary(x.contiguous(), cos, sin, layout), rtol=0, atol=1e-6
+        )
+    odd = torch.randn(4, 2, 3, 9)[..., 1:]  # odd storage offset: view_as_complex cannot view it
+    torch.testing.assert_close(apply_rotary(odd, cos, sin), apply_rotary(odd.contiguous(), cos, sin), rtol=0, atol=1e-6)
+
+
+def test_rotate_falls_back_to_reference_on_cpu():
+    torch.manual_seed(0)
+    attn = RotaryMultiheadAttention(32, 4, self_attention=True)
+    x = torch.randn(6, 2, 4, 8)
+    assert not can_fuse(x)
+    for positions in (torch.arange(6), torch.randint(0, 6, (2, 6))):
+        expected = reference(x, attn.rotary_table, positions, attn.rope_layout, 6)
+        assert torch.equal(attn.rotate(x, positions, 6), expected)
+
+
+def test_rotate_backward_is_the_inverse_rotation_on_cpu():
+    """Gradient through ``rotate`` (one node, backward = inverse rotation) equals autograd through
+    the reference."""
+    torch.manual_seed(0)
+    attn = RotaryMultiheadAttention(32, 4, self_attention=True)
+    positions = torch.arange(6)
+    x = torch.randn(6, 2, 4, 8, dtype=torch.float64, requires_grad=True)
+    out = attn.rotate(x, positions, 6)
+    assert out.grad_fn is not None and "RotaryFunction" in type(out.grad_fn).__name__
+    grad = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, x, grad)
+    (expected,) = torch.autograd.grad(reference(x, attn.rotary_table, positions, attn.rope_layout, 6), x, grad)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_fused_path_reports_unavailable_without_cuda(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert not fused_available()
+    with pytest.raises(RuntimeError):
+        fused_rotate([torch.zeros(1, 1, 1, 2)], torch.ones(1, 1), torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------ CUDA
+
+
+@needs_fused
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (64, 32), (48, 16)])
+@pytest.mark.parametrize("kind", ["shared", "per_sentence"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fused_matches_reference_forward_and_backward(layout, head_dim, rotary_dim, kind, dtype):
+    torch.manual_seed(0)
+    T, B, H = 7, 5, 6
+    device = "cuda"
+    table = RotaryTable(rotary_dim, 10000.0)
+    positions = positions_for(kind, T, B, device)
+    q = torch.randn(T, B, H, head_dim, device=device, dtype=dtype, requires_grad=True)
+    # k a permuted view, as fairseq's batch-first caches and gradients are
+    k = torch.randn(B, H, T, head_dim, device=device, dtype=dtype).permute(2, 0, 1, 3).requires_grad_()
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    exp_q = reference(q, table, positions, layout, T + 3)
+    exp_k = reference(k, table, positions, layout, T + 3)
+    exp_grads = torch.autograd.grad((exp_q, exp_k), (q, k), (gq, gk))
+
+    cos_t, sin_t = table.lookup(positions, T + 3, gather=False)
+    got_q, got_k = fused_rotate([q, k], cos_t, sin_t, positions, layout)  # one launch for both
+    got_grads = torch.autograd.grad((got_q, got_k), (q, k), (gq, gk))
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    for got, exp in zip((got_q, got_k, *got_grads), (exp_q, exp_k, *exp_grads)):
+        assert got.dtype == exp.dtype and got.shape == exp.shape
+        torch.testing.assert_close(got, exp, rtol=tol, atol=tol)
+
+
+@needs_fused
+def test_rotate_dispatches_to_fused_kernel_on_cuda():
+    torch.manual_seed(0)
+    attn = RotaryMultiheadAttention(64, 4, self_attention=True).cuda()
+    x = torch.randn(9, 3, 4, 16, device="cuda", requires_grad=True)
+    assert can_fuse(x)
+    positions = torch.arange(9, device="cuda")
+    out = attn.rotate(x, positions, 9)
+    assert "FusedRotaryFunction" in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, reference(x, attn.rotary_table, positions, attn.rope_layout, 9), rtol=1e-5, atol=1e-5)
+
+
+@needs_fused
+def test_fused_rotation_inside_the_model_matches_cpu():
+    """A whole rotary attention layer on CUDA (fused) gives the CPU (reference) output."""
+    torch.manual_seed(0)
+    attn = RotaryMultiheadAttention(64, 4, self_attention=True).eval()
+    x = torch.randn(11, 2, 64)
+    mask = torch.zeros(2, 11, dtype=torch.bool)
+    mask[1, :3] = True  # left padding: per-sentence positions
+    expected, _ = attn(x, x, x, key_padding_mask=mask, need_weights=False)
+    got, _ = attn.cuda()(x.cuda(), x.cuda(), x.cuda(), key_padding_mask=mask.cuda(), need_weights=False)
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+    assert fused_rotary._KERNEL not in (None, False)

@@ -1,0 +1,121 @@
+"""--rope-scaling {none,linear,ntk,yarn}: the frequencies each method prescribes, factor 1 is a
+no-op, the state dict never changes, and the flags work at generate time via --model-overrides."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import build_model, run_cli
+from fairseq_rope.models.transformer_rope import TransformerRopeModel
+from fairseq_rope.modules.rotary import (
+    SCALINGS,
+    attention_temperature,
+    inverse_frequencies,
+    rotation_angles,
+    scaled_inverse_frequencies,
+)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_factor_one_is_no_scaling(scaling):
+    base = inverse_frequencies(32, 10000.0, dtype=torch.float64)
+    scaled = scaled_inverse_frequencies(32, 10000.0, scaling, 1.0, original_length=64, dtype=torch.float64)
+    torch.testing.assert_close(scaled, base, rtol=1e-12, atol=0)
+    assert attention_temperature(scaling, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+def test_factor_one_model_equals_unscaled_model(scaling):
+    plain, d, _ = build_model("transformer_rope_tiny", "--rope-values")
+    scaled, _, _ = build_model("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
+                               "--rope-scaling-factor", "1", "--rope-scaling-original-length", "8")
+    assert plain.state_dict().keys() == scaled.state_dict().keys()
+    scaled.load_state_dict(plain.state_dict())
+    plain.eval(), scaled.eval()
+    src = torch.randint(4, 30, (2, 40))
+    prev = torch.randint(4, 30, (2, 30))
+    lengths = torch.full((2,), 40)
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0)
+        stretched, _, _ = build_model("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
+                                      "--rope-scaling-factor", "4", "--rope-scaling-original-length", "8")
+        stretched.load_state_dict(plain.state_dict())
+        stretched.eval()
+        assert not torch.allclose(stretched(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=1e-3)
+
+
+def test_linear_scaling_interpolates_positions():
+    base = inverse_frequencies(16, 10000.0, dtype=torch.float64)
+    scaled = scaled_inverse_frequencies(16, 10000.0, "linear", 4.0, dtype=torch.float64)
+    positions = torch.arange(0, 400, 4)
+    # position m under factor s has the angles of position m / s unscaled
+    torch.testing.assert_close(rotation_angles(positions, scaled), rotation_angles(positions // 4, base))
+
+
+def test_ntk_scaling_keeps_the_highest_and_interpolates_the_lowest_frequency():
+    d, s = 16, 8.0
+    base = inverse_frequencies(d, 10000.0, dtype=torch.float64)
+    scaled = scaled_inverse_frequencies(d, 10000.0, "ntk", s, dtype=torch.float64)
+    assert scaled[0] == base[0] == 1.0
+    torch.testing.assert_close(scaled[-1], base[-1] / s)
+    assert torch.all(scaled[1:] < base[1:])
+
+
+def test_yarn_scaling_by_parts_and_temperature():
+    d, s, length = 64, 4.0, 256
+    base = inverse_frequencies(d, 10000.0, dtype=torch.float64)
+    scaled = scaled_inverse_frequencies(d, 10000.0, "yarn", s, original_length=length, dtype=torch.float64)
+    ratio = length * base / (2 * math.pi)  # r = L / wavelength
+    high, low = ratio > 32, ratio < 1
+    assert high.any() and low.any() and (~high & ~low).any()
+    torch.testing.assert_close(scaled[high], base[high])  # extrapolated: unchanged
+    torch.testing.assert_close(scaled[low], base[low] / s)  # interpolated like linear scaling
+    middle = ~high & ~low
+    assert torch.all(scaled[middle] < base[middle]) and torch.all(scaled[middle] > base[middle] / s)
+    assert attention_temperature("yarn", s) == pytest.approx((0.1 * math.log(s) + 1) ** 2)
+    assert attention_temperature("ntk", s) == 1.0
+
+
+def test_checkpoint_args_without_new_flags_get_defaults():
+    """A checkpoint saved before these flags existed still builds (build_model fills defaults)."""
+    model, dictionary, args = build_model("transformer_rope_tiny")
+    for name in ("rope_values", "attention_kind", "rope_scaling", "rope_scaling_factor",
+                 "rope_scaling_original_length"):
+        delattr(args, name)
+
+    class Task:
+        source_dictionary = target_dictionary = dictionary
+
+    rebuilt = TransformerRopeModel.build_model(args, Task())
+    rebuilt.load_state_dict(model.state_dict())
+    assert args.rope_scaling == "none" and args.rope_scaling_factor == 1.0 and not args.rope_values
+
+
+def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_path):
+    data = tiny_data_bin / "data-bin"
+    save = tmp_path / "ckpt"
+    run_cli([
+        "fairseq-train", data, "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny",
+        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "500", "--max-update", "3",
+        "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "1",
+        "--num-workers", "0", "--log-format", "simple",
+    ])
+
+    def generate(overrides):
+        args = ["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "checkpoint_last.pt",
+                "--beam", "2", "--batch-size", "20", "--gen-subset", "test", "--num-workers", "0"]
+        if overrides:
+            args += ["--model-overrides", overrides]
+        out = run_cli(args).stdout
+        return sorted(line for line in out.splitlines() if line.startswith("H-"))
+
+    n_test = len((tiny_data_bin / "test.en").read_text().splitlines())
+    plain = generate(None)
+    assert len(plain) == n_test
+    assert generate("{'rope_scaling': 'ntk', 'rope_scaling_factor': 1.0}") == plain
+    yarn = generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, 'rope_scaling_original_length': 4}")
+    assert len(yarn) == n_test and yarn != plain
+    bad = run_cli(args=["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "checkpoint_last.pt",
+                        "--model-overrides", "{'rope_scaling': 'yarn', 'rope_scaling_factor': 2.0}"], check=False)
+    assert bad.returncode != 0 and "--rope-scaling-original-length" in bad.stderr
