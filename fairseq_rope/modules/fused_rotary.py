@@ -1,12 +1,9 @@
-"""Rotation of queries and keys as one autograd node, with a fused Triton kernel on CUDA.
+"""A fused Triton rotation of queries and keys for CUDA.
 
 The rotation is orthogonal, so its backward pass is the rotation by the opposite angle
-(R(m theta)^T = R(-m theta)): both paths below keep only cos/sin (or the fp32 table and the
-positions) for backward, never a copy of the activations.
+(R(m theta)^T = R(-m theta)): only the fp32 table and the positions are kept for backward, never
+a copy of the activations.
 
-* :class:`RotaryFunction` -- any device: the reference ``apply_rotary`` forward as one autograd
-  node, backward = ``apply_rotary`` with ``-sin`` (the arithmetic autograd does for the complex
-  multiply: grad * conj(e^{i m theta})).
 * :func:`fused_rotate` -- CUDA with Triton: one kernel launch rotates one tensor of fairseq's
   time-first layout (time, batch, heads, head_dim), or two of the same shape (q and k of
   self-attention) together, reading cos and sin straight from the fp32 table by position (shared
@@ -27,28 +24,6 @@ from torch.autograd.function import once_differentiable
 from .rotary import LAYOUTS, apply_rotary
 
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
-
-
-class RotaryFunction(torch.autograd.Function):
-    """``apply_rotary`` whose backward pass is the inverse rotation (saves only cos and sin)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-        ctx.save_for_backward(cos, sin)
-        ctx.layout = layout
-        return apply_rotary(x, cos, sin, layout)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        cos, sin = ctx.saved_tensors
-        return apply_rotary(grad, cos, -sin, ctx.layout), None, None, None
-
-
-def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """The reference rotation; through :class:`RotaryFunction` when a gradient is needed."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return RotaryFunction.apply(x, cos, sin, layout)
-    return apply_rotary(x, cos, sin, layout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,4 +181,4 @@ def can_fuse(x: Tensor) -> bool:
     return x.is_cuda and x.dim() == 4 and fused_available()
 
 
-__all__ = ["RotaryFunction", "rotate_reference", "fused_available", "fused_rotate", "can_fuse"]
+__all__ = ["fused_available", "fused_rotate", "can_fuse"]

@@ -14,7 +14,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
-from .rotary import positions_from_padding_mask
+from .rotary import new_token_positions
 
 POSITIONS = "rpe_prev_positions"
 
@@ -51,9 +51,7 @@ class RelativePositionMultiheadAttention(MultiheadAttention):
         self, key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
     ) -> Tensor:
         """In-sentence positions (batch, length) of the new tokens."""
-        if not incremental and key_padding_mask is not None:
-            return positions_from_padding_mask(key_padding_mask)
-        return torch.arange(offset, offset + length, device=device)
+        return new_token_positions(key_padding_mask, incremental, offset, length, device)
 
     def forward(
         self,

@@ -21,7 +21,7 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -121,11 +121,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
     """R^d_{Theta,m} x (eq. 34) on the first ``2 * cos.size(-1)`` channels of ``x``.
 
     ``cos``/``sin`` (fp32) broadcast against ``x[..., :rotary_dim // 2]``. The rotation is done
-    in fp32 and the result cast back to ``x.dtype``, so half-precision models keep exact angles.
+    in fp32 (fp64 for fp64 input) and the result cast back to ``x.dtype``, so half-precision
+    models keep exact angles.
     """
     half = cos.size(-1)
     rotary_dim = 2 * half
-    x_rot = x[..., :rotary_dim].float()
+    x_rot = x[..., :rotary_dim].to(torch.promote_types(x.dtype, torch.float32))
     if layout == "interleaved":
         # The pairs of eq. (15) are adjacent channels: a complex multiply by e^{i m theta}
         # (eq. 12 generalised) is the block-diagonal rotation in a single kernel.
@@ -168,6 +169,20 @@ def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
     return (torch.cumsum(not_pad, dim=1) - 1).clamp_(min=0)
 
 
+def new_token_positions(
+    key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
+) -> Tensor:
+    """Positions of the ``length`` new tokens of a self-attention call.
+
+    A full pass with a padding mask: in-sentence positions (batch, length), so left padding
+    changes nothing. Otherwise (time,): offset .. offset + length - 1, where ``offset`` is the
+    number of tokens already cached in incremental decoding.
+    """
+    if not incremental and key_padding_mask is not None:
+        return positions_from_padding_mask(key_padding_mask)
+    return torch.arange(offset, offset + length, device=device)
+
+
 def relative_upper_bound(relative_distance: Tensor, rotary_dim: int, theta: float = 10000.0) -> Tensor:
     """(1/(d/2)) sum_{j=1}^{d/2} |S_j| with S_j = sum_{k<j} e^{i (m-n) theta_k}: the long-term
     decay bound of Section 3.4.3 (eqs. 35-37, Fig. 2), as a function of the relative distance."""
@@ -186,6 +201,7 @@ __all__ = [
     "apply_rotary",
     "interleaved_to_half_permutation",
     "positions_from_padding_mask",
+    "new_token_positions",
     "relative_upper_bound",
     "SCALINGS",
     "check_scaling",

@@ -1,6 +1,6 @@
 """fairseq multi-head attention with Rotary Position Embedding on queries and keys."""
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -8,12 +8,14 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
+from .fused_rotary import can_fuse, fused_rotate
 from .rotary import (
     LAYOUTS,
     apply_rotary,
     attention_temperature,
     check_scaling,
     cos_sin,
+    new_token_positions,
     positions_from_padding_mask,
     rotary_dim_for,
     rotation_angles,
@@ -143,36 +145,35 @@ class RotaryMultiheadAttention(MultiheadAttention):
     ) -> Tensor:
         """Positions of the new tokens of a self-attention call: in-sentence positions from the
         padding mask in a full pass (left padding changes nothing), else offset..offset+length-1."""
-        if not incremental and key_padding_mask is not None:
-            return positions_from_padding_mask(key_padding_mask)
-        return torch.arange(offset, offset + length, device=device)
+        return new_token_positions(key_padding_mask, incremental, offset, length, device)
+
+    def time_first_cos_sin(self, positions: Tensor, max_position: int) -> Tuple[Tensor, Tensor]:
+        """fp32 cos/sin for ``positions`` -- (time,) shared by the batch or (batch, time) per
+        sentence -- shaped to broadcast against time-first (time, batch, heads, rotary_dim/2)."""
+        cos, sin = self.rotary_table.lookup(positions, max_position)
+        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
+            return cos[:, None, None, :], sin[:, None, None, :]
+        # (B, T, r/2) -> (T, B, 1, r/2)
+        return cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+
+    def rotate(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
+        """R_m x (eq. 14) for time-first ``x`` (time, batch, heads, head_dim) at ``positions``."""
+        return self.rotate_together([x], positions, max_position)[0]
+
+    def rotate_together(self, xs: List[Tensor], positions: Tensor, max_position: int) -> List[Tensor]:
+        """Rotate several time-first tensors (q and k) by the same positions: one cos/sin lookup,
+        and on CUDA with Triton one fused kernel launch for all of them (forward and backward)."""
+        if can_fuse(xs[0]):
+            cos_table, sin_table = self.rotary_table.lookup(positions, max_position, gather=False)
+            rotated = fused_rotate(xs, cos_table, sin_table, positions, self.rope_layout)
+            return [rotated] if len(xs) == 1 else list(rotated)
+        cos, sin = self.time_first_cos_sin(positions, max_position)
+        return [apply_rotary(x, cos, sin, self.rope_layout) for x in xs]
 
     def rotate_back(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
         """R_{-m} x, the inverse rotation, for time-first ``x`` (RoPER's output rotation)."""
-        cos, sin = self.rotary_table.lookup(positions, max_position)
-        if positions.dim() == 1:
-            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        else:
-            cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+        cos, sin = self.time_first_cos_sin(positions, max_position)
         return apply_rotary(x, cos, -sin, self.rope_layout)
-
-    def rotate(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
-        """Rotate time-first ``x`` (time, batch, heads, head_dim) by ``positions``, which are
-        (time,) shared by the batch or (batch, time) per sentence.
-
-        On CUDA with Triton, one fused kernel reads cos/sin from the table by position; elsewhere
-        the reference ``apply_rotary``. Either way the backward pass is the inverse rotation."""
-        from .fused_rotary import can_fuse, fused_rotate, rotate_reference
-
-        if can_fuse(x):
-            cos_table, sin_table = self.rotary_table.lookup(positions, max_position, gather=False)
-            return fused_rotate([x], cos_table, sin_table, positions, self.rope_layout)
-        cos, sin = self.rotary_table.lookup(positions, max_position)
-        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
-            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        else:  # (B, T, r/2) -> (T, B, 1, r/2)
-            cos, sin = cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
-        return rotate_reference(x, cos, sin, self.rope_layout)
 
     def forward(
         self,
@@ -223,10 +224,10 @@ class RotaryMultiheadAttention(MultiheadAttention):
             positions = self.self_attention_positions(
                 key_padding_mask, incremental_state is not None, offset, tgt_len, device
             )
-            q = self.rotate(q, positions, offset + tgt_len)
-            k = self.rotate(k, positions, offset + tgt_len)
-            if self.rope_values:  # cached rotated, like the keys
-                v = self.rotate(v, positions, offset + tgt_len)
+            if self.rope_values:  # values are cached rotated, like the keys
+                q, k, v = self.rotate_together([q, k, v], positions, offset + tgt_len)
+            else:
+                q, k = self.rotate_together([q, k], positions, offset + tgt_len)
         else:
             steps = saved_state.get(QUERY_STEPS) if saved_state is not None else None
             offset = steps.size(1) if steps is not None else 0
