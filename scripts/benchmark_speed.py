@@ -215,8 +215,8 @@ def bench_generation(dim, args, task, device):
 
 
 def bench_rotation(args, device):
-    """``rotate`` on q and k of one base-size self-attention layer against ``copy_`` of the same
-    bytes; both alternate inside every repetition."""
+    """``rotate_together`` on q and k of one base-size self-attention layer against ``copy_`` of
+    the same bytes; both alternate inside every repetition."""
     import fairseq_rope  # noqa: F401
     from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
 
@@ -234,10 +234,9 @@ def bench_rotation(args, device):
     inner = args.rotation_inner
 
     def rot(pos):
-        def fn():
+        def fn():  # what self-attention runs: q and k together (one fused launch on CUDA)
             for _ in range(inner):
-                attn.rotate(q, pos, args.length)
-                attn.rotate(k, pos, args.length)
+                attn.rotate_together([q, k], pos, args.length)
         return fn
 
     def copy():
@@ -247,17 +246,6 @@ def bench_rotation(args, device):
     for _ in range(args.warmup + 2):
         rot(positions)(); rot(padded)(); copy()
     variants = [("shared positions (T,)", rot(positions)), ("per-sentence positions (B,T)", rot(padded))]
-    from fairseq_rope.modules.fused_rotary import can_fuse, fused_rotate
-
-    if can_fuse(q):  # q and k together in one launch of the fused kernel
-        cos_table, sin_table = attn.rotary_table.lookup(positions, args.length, gather=False)
-
-        def fused_pair():
-            for _ in range(inner):
-                fused_rotate([q, k], cos_table, sin_table, positions, attn.rope_layout)
-
-        fused_pair()
-        variants.append(("q and k in one fused launch", fused_pair))
     results = {}
     for label, fn in variants:
         a, b = alternate(

@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Split RoPE's training-step overhead into the rotation and the rest of the attention layer.
+
+Times forward + backward + Adam step, alternating in one process, for three models on identical
+inputs: stock ``transformer`` (sinusoidal), ``transformer_rope``, and ``transformer_rope`` with
+the rotation replaced by the identity (same attention code path, no rotation). Prints the
+per-step times and their medians.
+
+    python scripts/ablate_rotation_cost.py --dim base --reps 4
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmark_speed import ARCHS, _Task, build_model, make_batch, train_step  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", choices=sorted(ARCHS), default="base")
+    parser.add_argument("--reps", type=int, default=4, help="timed steps per model (after one warm-up)")
+    parser.add_argument("--tokens-per-batch", type=int, default=4096)
+    parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from fairseq_rope.modules import RotaryMultiheadAttention
+
+    task = _Task(8000)
+    device = torch.device("cpu")
+    batch = make_batch(task, args.tokens_per_batch // args.length, args.length, device)
+    stock_arch, rope_arch = ARCHS[args.dim]
+    models = {}
+    for name, arch in (("stock", stock_arch), ("rope", rope_arch), ("rope, rotation off", rope_arch)):
+        model = build_model(arch, task, device).train()
+        models[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
+
+    rotate_together = RotaryMultiheadAttention.rotate_together
+
+    def step(name):
+        off = name == "rope, rotation off"
+        RotaryMultiheadAttention.rotate_together = (lambda self, xs, *_: xs) if off else rotate_together
+        try:
+            start = time.perf_counter()
+            train_step(*models[name], batch)
+            return time.perf_counter() - start
+        finally:
+            RotaryMultiheadAttention.rotate_together = rotate_together
+
+    for name in models:
+        step(name)  # warm-up
+    times = {name: [] for name in models}
+    for rep in range(args.reps):
+        for name in (list(models) if rep % 2 == 0 else list(models)[::-1]):
+            times[name].append(step(name))
+    print(f"{args.dim}, {args.threads} thread(s), seconds per training step:")
+    for name, values in times.items():
+        print(f"  {name:20s} median {statistics.median(values):6.2f}   all {[round(v, 2) for v in values]}")
+
+
+if __name__ == "__main__":
+    main()
