@@ -4,7 +4,6 @@ checkpoints, atomic writes, and a result that fairseq-generate loads."""
 import argparse
 import collections
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,6 @@ extraction, SGML stripping, normalisation and tokenisation, cleaning, BPE, binar
 does nothing; a truncated archive is reported by name and leaves nothing a rerun would trust."""
 
 import io
-import os
 import shutil
 import tarfile
 from pathlib import Path

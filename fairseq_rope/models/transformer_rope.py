@@ -48,11 +48,11 @@ class RopeOptions:
             fraction=args.rope_fraction,
             layout=args.rope_layout,
             cross_attention=bool(args.rope_cross_attention),
-            values=bool(getattr(args, "rope_values", False)),
-            attention_kind=getattr(args, "attention_kind", "softmax"),
-            scaling=getattr(args, "rope_scaling", "none"),
-            scaling_factor=float(getattr(args, "rope_scaling_factor", 1.0)),
-            scaling_original_length=int(getattr(args, "rope_scaling_original_length", 0)),
+            values=bool(args.rope_values),
+            attention_kind=args.attention_kind,
+            scaling=args.rope_scaling,
+            scaling_factor=float(args.rope_scaling_factor),
+            scaling_original_length=int(args.rope_scaling_original_length),
         )
 
     def attention_kwargs(self, values: bool = False):

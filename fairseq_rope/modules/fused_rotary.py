@@ -15,13 +15,13 @@ Triton is imported lazily, the first time a CUDA tensor asks for it; without CUD
 :func:`fused_available` is False and callers use the reference path.
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .rotary import LAYOUTS, apply_rotary
+from .rotary import LAYOUTS
 
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
 

@@ -134,8 +134,7 @@ class LinearRotaryAttention(RotaryMultiheadAttention):
         positions = self.self_attention_positions(
             key_padding_mask, incremental_state is not None, offset, tgt_len, query.device
         )
-        rq = self.rotate(fq, positions, offset + tgt_len)  # rotation after phi (eq. 19)
-        rk = self.rotate(fk, positions, offset + tgt_len)
+        rq, rk = self.rotate_together([fq, fk], positions, offset + tgt_len)  # after phi (eq. 19)
 
         rq, rk, fq, fk, v = (t.permute(1, 2, 0, 3) for t in (rq, rk, fq, fk, v))
         if self.causal:

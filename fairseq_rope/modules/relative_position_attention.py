@@ -15,6 +15,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from .rotary import new_token_positions
+from .rotary_multihead_attention import append_to_cache
 
 POSITIONS = "rpe_prev_positions"
 
@@ -88,19 +89,9 @@ class RelativePositionMultiheadAttention(MultiheadAttention):
         query_positions = key_positions = positions
         if saved_state is not None:
             if offset:
-                k = torch.cat([saved_state["prev_key"], k], dim=2)
-                v = torch.cat([saved_state["prev_value"], v], dim=2)
                 key_positions = torch.cat([saved_state[POSITIONS], positions], dim=1)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=bsz,
-                src_len=k.size(2),
-                static_kv=False,
-            )
-            saved_state["prev_key"], saved_state["prev_value"] = k, v
+            k, v, key_padding_mask = append_to_cache(saved_state, k, v, key_padding_mask)
             saved_state[POSITIONS] = key_positions
-            saved_state["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved_state)
         src_len = k.size(2)
 

@@ -13,7 +13,6 @@ from .rotary import (
     LAYOUTS,
     apply_rotary,
     attention_temperature,
-    check_scaling,
     cos_sin,
     new_token_positions,
     positions_from_padding_mask,
@@ -114,7 +113,6 @@ class RotaryMultiheadAttention(MultiheadAttention):
         self.rope_theta = float(rope_theta)
         self.rope_layout = rope_layout
         self.rotary_dim = rotary_dim_for(self.head_dim, rope_fraction)
-        check_scaling(rope_scaling, rope_scaling_factor, rope_scaling_original_length)
         self.rotary_table = RotaryTable(
             self.rotary_dim,
             self.rope_theta,
@@ -249,23 +247,7 @@ class RotaryMultiheadAttention(MultiheadAttention):
             v = v.permute(1, 2, 0, 3)
 
         if saved_state is not None:
-            if cached:
-                prev_key, prev_value = saved_state["prev_key"], saved_state["prev_value"]
-                if static_kv:
-                    k, v = prev_key, prev_value
-                else:
-                    k = torch.cat([prev_key, k], dim=2)
-                    v = torch.cat([prev_value, v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=k.size(0),
-                src_len=k.size(2),
-                static_kv=static_kv,
-            )
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
+            k, v, key_padding_mask = append_to_cache(saved_state, k, v, key_padding_mask, static_kv)
             if not self.self_attention:
                 saved_state[QUERY_STEPS] = k.new_empty(k.size(0), offset + tgt_len, 0)
             self._set_input_buffer(incremental_state, saved_state)
@@ -342,6 +324,35 @@ class RotaryMultiheadAttention(MultiheadAttention):
         if weights is not None:
             weights = weights.reshape(bsz, heads, tgt_len, src_len).transpose(0, 1)
         return out, weights
+
+
+def append_to_cache(
+    saved_state: Dict[str, Optional[Tensor]],
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    key_padding_mask: Optional[Tensor],
+    static_kv: bool = False,
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Extend fairseq's batch-first key/value cache (batch, heads, time, head_dim) with the new
+    ``k``/``v`` (or, for ``static_kv``, reuse the cached ones), store the result and the combined
+    padding mask in ``saved_state``, and return them."""
+    if "prev_key" in saved_state:
+        prev_key, prev_value = saved_state["prev_key"], saved_state["prev_value"]
+        if static_kv:
+            k, v = prev_key, prev_value
+        else:
+            k = torch.cat([prev_key, k], dim=2)
+            v = torch.cat([prev_value, v], dim=2)
+    key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+        key_padding_mask=key_padding_mask,
+        prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+        batch_size=k.size(0),
+        src_len=k.size(2),
+        static_kv=static_kv,
+    )
+    saved_state["prev_key"], saved_state["prev_value"] = k, v
+    saved_state["prev_key_padding_mask"] = key_padding_mask
+    return k, v, key_padding_mask
 
 
 def check_rope_options(theta: float, layout: str) -> None:
