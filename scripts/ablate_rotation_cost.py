@@ -4,12 +4,14 @@
 Times forward + backward + Adam step, alternating in one process, for three models on identical
 inputs: stock ``transformer`` (sinusoidal), ``transformer_rope``, and ``transformer_rope`` with
 the rotation replaced by the identity (same attention code path, no rotation). Prints the
-per-step times and their medians.
+per-step times, their medians and the minor page faults per step (``--malloc retain``: see
+benchmark_speed.py).
 
     python scripts/ablate_rotation_cost.py --dim base --reps 4
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -20,7 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmark_speed import ARCHS, _Task, build_model, make_batch, train_step  # noqa: E402
+from benchmark_speed import (  # noqa: E402
+    ARCHS,
+    RETAIN_TUNABLES,
+    _Task,
+    build_model,
+    make_batch,
+    page_faults,
+    train_step,
+)
 
 
 def main():
@@ -30,7 +40,10 @@ def main():
     parser.add_argument("--tokens-per-batch", type=int, default=4096)
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--malloc", choices=["default", "retain"], default="default")
     args = parser.parse_args()
+    if args.malloc == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
     torch.set_num_threads(args.threads)
 
     from fairseq_rope.modules import RotaryMultiheadAttention
@@ -44,17 +57,21 @@ def main():
         model = build_model(arch, task, device).train()
         models[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
 
-    rotate_together = RotaryMultiheadAttention.rotate_together
+    rotate = RotaryMultiheadAttention.rotate_projections_
+    faults = {name: [] for name in models}
 
     def step(name):
         off = name == "rope, rotation off"
-        RotaryMultiheadAttention.rotate_together = (lambda self, xs, *_: xs) if off else rotate_together
+        RotaryMultiheadAttention.rotate_projections_ = (lambda self, xs, *_: xs) if off else rotate
         try:
+            before = page_faults()
             start = time.perf_counter()
             train_step(*models[name], batch)
-            return time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            faults[name].append(page_faults() - before)
+            return seconds
         finally:
-            RotaryMultiheadAttention.rotate_together = rotate_together
+            RotaryMultiheadAttention.rotate_projections_ = rotate
 
     for name in models:
         step(name)  # warm-up
@@ -62,9 +79,12 @@ def main():
     for rep in range(args.reps):
         for name in (list(models) if rep % 2 == 0 else list(models)[::-1]):
             times[name].append(step(name))
-    print(f"{args.dim}, {args.threads} thread(s), seconds per training step:")
+    print(f"{args.dim}, {args.threads} thread(s), malloc {args.malloc}, seconds per training step:")
     for name, values in times.items():
-        print(f"  {name:20s} median {statistics.median(values):6.2f}   all {[round(v, 2) for v in values]}")
+        print(
+            f"  {name:20s} median {statistics.median(values):6.2f}   all {[round(v, 2) for v in values]}"
+            f"   page faults/step {statistics.median(faults[name][1:]):,.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -4,13 +4,21 @@
 One run alternates baseline and RoPE repetitions (A B A B ...) on identical inputs and reports
 medians and per-pair ratios (RoPE / baseline), as a markdown table and optionally as JSON:
 
-* training throughput: target tokens per second of forward + backward + optimizer step;
+* training throughput: target tokens per second of forward + backward + optimizer step, and on
+  the CPU the minor page faults per step (memory the allocator took fresh from the OS);
 * peak training memory of each model (CPU: the resident-set high-water mark of a fresh process
   per model, total and above the process before its first step; CUDA: max_memory_allocated);
 * beam-4 generation speed (sentences per second) with incremental decoding, every hypothesis
   forced to the same length so that both models do the same amount of work;
-* the rotation of q and k for a base-size batch against a floor measured in the same run: a plain
-  ``dst.copy_(src)`` of the same number of bytes.
+* the rotation of q and k for a base-size batch, as self-attention runs it (in place on the
+  projection outputs on the CPU, the fused kernel on CUDA), against a floor measured in the same
+  run: a plain ``dst.copy_(src)`` of the same number of bytes.
+
+On the CPU, glibc's allocator returns large freed blocks to the OS and faults them in again on
+the next allocation; how often depends on the whole heap history of the process, so it moves
+either model's step time by several percent from run to run. ``--malloc retain`` restarts the
+benchmark with ``GLIBC_TUNABLES`` that keep freed memory in the process (no page faults after
+warm-up), which isolates the models' own compute.
 
 Example::
 
@@ -19,6 +27,7 @@ Example::
 
 import argparse
 import json
+import resource
 import os
 import platform
 import statistics
@@ -102,6 +111,13 @@ def sync(device):
 
 CLOCK = time.perf_counter  # --clock process: CPU seconds of this process (all its threads)
 
+# --malloc retain: every allocation from the heap (no mmap), freed memory never trimmed
+RETAIN_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+
+
+def page_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
 
 def timed(fn, device):
     sync(device)
@@ -117,13 +133,13 @@ def timed(fn, device):
 
 def summarise(a_values, b_values, higher_is_better=True):
     """Medians of A and B and of the per-pair ratios B / A (pairs are adjacent repetitions)."""
-    ratios = [b / a for a, b in zip(a_values, b_values)]
+    ratios = [b / a for a, b in zip(a_values, b_values) if a]  # no ratio to zero page faults
     return {
         "baseline": statistics.median(a_values),
         "rope": statistics.median(b_values),
-        "ratio_median": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "ratio_min": min(ratios) if ratios else None,
+        "ratio_max": max(ratios) if ratios else None,
         "baseline_all": a_values,
         "rope_all": b_values,
         "ratios": ratios,
@@ -166,6 +182,8 @@ def bench_training(dim, args, task, device):
     step_seconds = timed(lambda: train_step(*runs["baseline"], batch), device)
     n_steps = max(args.steps, round(args.min_rep_seconds / step_seconds))
 
+    faults = {"baseline": [], "rope": []}
+
     def run(name):
         model, optimizer = runs[name]
 
@@ -173,11 +191,17 @@ def bench_training(dim, args, task, device):
             for _ in range(n_steps):
                 train_step(model, optimizer, batch)
 
-        return tokens * n_steps / timed(steps, device)
+        before = page_faults()
+        seconds = timed(steps, device)
+        faults[name].append((page_faults() - before) / n_steps)
+        return tokens * n_steps / seconds
 
     a, b = alternate(lambda: run("baseline"), lambda: run("rope"), args.reps)
     result = summarise(a, b)
     result.update(unit="target tokens/s", tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
+    if device.type == "cpu":
+        result["page_faults"] = summarise(faults["baseline"], faults["rope"], higher_is_better=False)
+        result["page_faults"]["unit"] = "faults/step"
     return result
 
 
@@ -215,8 +239,9 @@ def bench_generation(dim, args, task, device):
 
 
 def bench_rotation(args, device):
-    """``rotate_together`` on q and k of one base-size self-attention layer against ``copy_`` of
-    the same bytes; both alternate inside every repetition."""
+    """q and k of one base-size self-attention layer rotated as the layer rotates them
+    (``rotate_projections_``) against ``copy_`` of the same bytes; both alternate inside every
+    repetition."""
     import fairseq_rope  # noqa: F401
     from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
 
@@ -224,19 +249,19 @@ def bench_rotation(args, device):
     sentences = max(1, args.tokens_per_batch // args.length)
     attn = RotaryMultiheadAttention(embed, heads, self_attention=True).to(device)
     g = torch.Generator().manual_seed(0)
-    shape = (args.length, sentences, heads, embed // heads)
-    q = torch.randn(shape, generator=g).to(device)
-    k = torch.randn(shape, generator=g).to(device)
+    # projection outputs: (time * batch, embed_dim), time-major
+    q = torch.randn(args.length * sentences, embed, generator=g).to(device)
+    k = torch.randn(args.length * sentences, embed, generator=g).to(device)
     positions = torch.arange(args.length, device=device)
-    padded = torch.arange(args.length, device=device).expand(sentences, -1).contiguous()
+    per_sentence = torch.arange(args.length, device=device).expand(sentences, -1).contiguous()
     src = torch.randn(2 * q.numel(), generator=g).to(device)
     dst = torch.empty_like(src)
     inner = args.rotation_inner
 
     def rot(pos):
-        def fn():  # what self-attention runs: q and k together (one fused launch on CUDA)
+        def fn():  # rotations preserve norms: rotating the same tensors again and again is safe
             for _ in range(inner):
-                attn.rotate_together([q, k], pos, args.length)
+                attn.rotate_projections_([q, k], args.length, sentences, pos, args.length)
         return fn
 
     def copy():
@@ -244,15 +269,18 @@ def bench_rotation(args, device):
             dst.copy_(src)
 
     for _ in range(args.warmup + 2):
-        rot(positions)(); rot(padded)(); copy()
-    variants = [("shared positions (T,)", rot(positions)), ("per-sentence positions (B,T)", rot(padded))]
+        rot(positions)(); rot(per_sentence)(); copy()
+    variants = [
+        ("self-attention (positions shared by the batch)", rot(positions)),
+        ("rotary cross-attention keys (per-sentence positions)", rot(per_sentence)),
+    ]
     results = {}
     for label, fn in variants:
         a, b = alternate(
             lambda: timed(copy, device) / inner, lambda: timed(fn, device) / inner, args.rotation_reps
         )
         res = summarise(a, b, higher_is_better=False)
-        res.update(unit="ms", shape=list(shape), bytes=2 * q.numel() * q.element_size())
+        res.update(unit="ms", shape=[args.length, sentences, embed], bytes=2 * q.numel() * q.element_size())
         for key in ("baseline", "rope"):
             res[key] *= 1e3
         res["baseline_all"] = [v * 1e3 for v in a]
@@ -318,6 +346,7 @@ def bench_memory(dim, args):
         # A fixed glibc mmap threshold returns every large tensor to the OS when it is freed, so
         # the resident-set high-water mark follows the live tensors, not allocator reuse.
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+        env.pop("GLIBC_TUNABLES", None)  # --malloc retain is for timings only
         proc = subprocess.run(
             [sys.executable, __file__, "--memory-child", arch, *common],
             capture_output=True, text=True, check=True, env=env,
@@ -367,9 +396,13 @@ def table(results):
         "|---|---|---|---|---|---|",
     ]
     for label, res, target in results:
+        ratio, pair_range = "-", "-"
+        if res["ratio_median"] is not None:
+            ratio = f"**{res['ratio_median']:.3f}**"
+            pair_range = f"{res['ratio_min']:.3f} - {res['ratio_max']:.3f}"
         rows.append(
             f"| {label} | {fmt(res['baseline'])} {res['unit']} | {fmt(res['rope'])} {res['unit']} | "
-            f"**{res['ratio_median']:.3f}** | {res['ratio_min']:.3f} - {res['ratio_max']:.3f} | {target} |"
+            f"{ratio} | {pair_range} | {target} |"
         )
     return "\n".join(rows)
 
@@ -397,9 +430,14 @@ def main():
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="wall: elapsed time; process: CPU time of this process, less sensitive to "
                         "other programs on a shared CPU (use with --threads 1; not for CUDA)")
+    p.add_argument("--malloc", choices=["default", "retain"], default="default",
+                   help="retain: rerun under GLIBC_TUNABLES that keep freed memory in the process "
+                        "(no page faults after warm-up); CPU timings then show compute alone")
     p.add_argument("--json-out")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.malloc == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
 
     global CLOCK
     if args.clock == "process":
@@ -422,6 +460,8 @@ def main():
             res = bench_training(dim, args, task, device)
             report["results"][f"train_{dim}"] = res
             rows.append((f"{dim}: training throughput", res, ">= 0.98" if dim == "base" else ""))
+            if "page_faults" in res:
+                rows.append((f"{dim}: page faults per training step", res["page_faults"], ""))
             print(f"[{dim}] training done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
         if "memory" not in args.skip:
             res = bench_memory(dim, args)
@@ -443,7 +483,8 @@ def main():
 
     hw = report["hardware"]
     print(f"\nCommand: `{report['command']}`")
-    print(f"Hardware: {hw['device']}, torch {hw['torch']}, {hw['threads']} threads, {args.clock} clock\n")
+    print(f"Hardware: {hw['device']}, torch {hw['torch']}, {hw['threads']} threads, {args.clock} clock, "
+          f"malloc {args.malloc}\n")
     print(table(rows))
     if args.json_out:
         with open(args.json_out, "w") as f:

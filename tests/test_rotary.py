@@ -7,6 +7,7 @@ import torch
 
 from fairseq_rope.modules.rotary import (
     apply_rotary,
+    apply_rotary_,
     inverse_frequencies,
     interleaved_to_half_permutation,
     positions_from_padding_mask,
@@ -124,3 +125,24 @@ def test_rotary_dim(head_dim, fraction, expected):
 def test_rotary_dim_rejects_bad_fraction(fraction):
     with pytest.raises(ValueError, match="--rope-fraction"):
         rotary_dim_for(64, fraction)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_in_place_rotation_equals_out_of_place(layout, dtype, rotary_dim, strided):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, 2, 16, generator=g).to(dtype)
+    if strided:  # a time-first view of batch-first heads, as attention sees them
+        x = x.permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
+    positions = torch.arange(6) + 1000
+    cos, sin = RotaryTable(rotary_dim, 10000.0).lookup(positions, 1006)
+    cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    expected = apply_rotary(x, cos, sin, layout)
+    y = x.clone()
+    assert apply_rotary_(y, cos, sin, layout) is y
+    assert torch.equal(y, expected) if dtype in (torch.float16, torch.bfloat16) else torch.allclose(
+        y, expected, rtol=0, atol=1e-6
+    )
+    assert torch.equal(y[..., rotary_dim:], x[..., rotary_dim:])

@@ -7,7 +7,8 @@ import torch
 
 from conftest import build_model
 from fairseq_rope.modules import RotaryMultiheadAttention
-from fairseq_rope.modules.rotary import interleaved_to_half_permutation
+from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary, interleaved_to_half_permutation
+from fairseq_rope.modules.rotary_multihead_attention import RotateProjectionsInPlace
 
 CROSS = [[], ["--rope-cross-attention"]]
 CROSS_IDS = ["self-only", "cross-too"]
@@ -167,6 +168,57 @@ def test_sdpa_path_equals_explicit_path(kind, training):
     assert torch.allclose(weights.sum(-1), torch.ones_like(weights.sum(-1)), atol=1e-5)
     if kpm is not None:
         assert weights[1, :, :2].abs().max() == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_in_place_projection_rotation_has_the_reference_gradient(layout, fraction):
+    """The in-place rotation of projection outputs against autograd through apply_rotary."""
+    torch.manual_seed(0)
+    T, B, H, D = 5, 3, 2, 8
+    proj = torch.nn.Linear(H * D, H * D).double()
+    x = torch.randn(T * B, H * D, dtype=torch.double)
+    attn = RotaryMultiheadAttention(H * D, H, self_attention=True, rope_layout=layout, rope_fraction=fraction)
+    cos, sin = attn.time_first_cos_sin(torch.arange(T) + 7, T + 7)
+    upstream = torch.randn(T, B, H, D, dtype=torch.double)
+
+    rotated = RotateProjectionsInPlace.apply(cos, sin, layout, (T, B, H, D), proj(x))
+    (rotated.view(T, B, H, D) * upstream).sum().backward()
+    in_place = [p.grad.clone() for p in proj.parameters()]
+    proj.zero_grad()
+    reference = apply_rotary(proj(x).view(T, B, H, D), cos, sin, layout)
+    (reference * upstream).sum().backward()
+
+    torch.testing.assert_close(rotated.view(T, B, H, D), reference, rtol=0, atol=1e-6)
+    for got, want in zip(in_place, [p.grad for p in proj.parameters()]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    check = lambda y: RotateProjectionsInPlace.apply(cos, sin, layout, (T, B, H, D), y * 1.0)  # noqa: E731
+    assert torch.autograd.gradcheck(check, (torch.randn(T * B, H * D, dtype=torch.double, requires_grad=True),))
+
+
+@pytest.mark.parametrize(
+    "kind, flags",
+    [("encoder", {}), ("encoder", {"rope_values": True}), ("decoder", {}), ("cross", {})],
+    ids=["encoder", "encoder-roper", "decoder", "cross"],
+)
+def test_attention_gradients_pass_gradcheck(kind, flags):
+    """fp64 gradcheck of a whole attention call (projections, in-place rotation, SDPA)."""
+    torch.manual_seed(0)
+    embed, heads, T, S, B = 8, 2, 4, 5, 2
+    attn = RotaryMultiheadAttention(
+        embed, heads, self_attention=kind != "cross", encoder_decoder_attention=kind == "cross", **flags
+    ).double()
+    kpm = torch.zeros(B, S if kind == "cross" else T, dtype=torch.bool)
+    kpm[1, 0] = True
+    mask = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1) if kind == "decoder" else None
+    query = torch.randn(T, B, embed, dtype=torch.double, requires_grad=True)
+    key = torch.randn(S, B, embed, dtype=torch.double, requires_grad=True) if kind == "cross" else query
+
+    def run(query, key):
+        return attn(query, key, key, key_padding_mask=None if mask is not None else kpm,
+                    attn_mask=mask, need_weights=False)[0]
+
+    assert torch.autograd.gradcheck(run, (query, key))
 
 
 def test_interleaved_model_equals_half_model_after_permuting_projection_rows():

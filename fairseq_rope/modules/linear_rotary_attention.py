@@ -131,9 +131,7 @@ class LinearRotaryAttention(RotaryMultiheadAttention):
             saved_state = self._get_input_buffer(incremental_state)
             if STEPS in saved_state:
                 offset = saved_state[STEPS].size(1)
-        positions = self.self_attention_positions(
-            key_padding_mask, incremental_state is not None, offset, tgt_len, query.device
-        )
+        positions = self.self_attention_positions(offset, tgt_len, query.device)
         rq, rk = self.rotate_together([fq, fk], positions, offset + tgt_len)  # after phi (eq. 19)
 
         rq, rk, fq, fk, v = (t.permute(1, 2, 0, 3) for t in (rq, rk, fq, fk, v))

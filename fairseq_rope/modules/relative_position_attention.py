@@ -3,8 +3,8 @@
     e_ij = q_i (k_j + a^K_ij)^T / sqrt(d),   z_i = sum_j alpha_ij (v_j + a^V_ij),
 
 with a^K_ij = w^K_clip(j - i, k) and a^V_ij = w^V_clip(j - i, k): 2k + 1 learned vectors per
-table, shared by all heads (the paper's setting). Positions are in-sentence positions from the
-padding mask, as for RoPE, so left padding changes nothing.
+table, shared by all heads (the paper's setting). Positions count from the first column of the
+batch, as for RoPE: left padding shifts a sentence by a constant, which no j - i sees.
 """
 
 from typing import Dict, Optional, Tuple
@@ -48,11 +48,10 @@ class RelativePositionMultiheadAttention(MultiheadAttention):
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, head_dim={self.head_dim}"
 
-    def self_attention_positions(
-        self, key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
-    ) -> Tensor:
-        """In-sentence positions (batch, length) of the new tokens."""
-        return new_token_positions(key_padding_mask, incremental, offset, length, device)
+    def self_attention_positions(self, offset: int, length: int, device) -> Tensor:
+        """Positions (time,) of the new tokens; left padding shifts them by a constant, which no
+        relative distance sees."""
+        return new_token_positions(offset, length, device)
 
     def forward(
         self,
@@ -82,9 +81,7 @@ class RelativePositionMultiheadAttention(MultiheadAttention):
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         offset = saved_state["prev_key"].size(2) if saved_state and "prev_key" in saved_state else 0
-        positions = self.self_attention_positions(
-            key_padding_mask, incremental_state is not None, offset, tgt_len, query.device
-        )
+        positions = self.self_attention_positions(offset, tgt_len, query.device)
         positions = positions.expand(bsz, tgt_len) if positions.dim() == 1 else positions
         query_positions = key_positions = positions
         if saved_state is not None:

@@ -21,7 +21,7 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -131,8 +131,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
         # The pairs of eq. (15) are adjacent channels: a complex multiply by e^{i m theta}
         # (eq. 12 generalised) is the block-diagonal rotation in a single kernel.
         pairs = x_rot.reshape(*x_rot.shape[:-1], half, 2)
-        if pairs.storage_offset() % 2 or any(s % 2 for s in pairs.stride()[:-1]):
-            pairs = pairs.contiguous()  # view_as_complex needs even strides; most views have them
+        if not _complex_viewable(pairs):
+            pairs = pairs.contiguous()
         pairs = torch.view_as_complex(pairs)
         rotated = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
     elif layout == "half":
@@ -144,6 +144,37 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
     if rotary_dim == x.size(-1):
         return rotated
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """:func:`apply_rotary` written into ``x`` itself, which is returned.
+
+    fp32/fp64 interleaved pairs are multiplied in place as complex numbers (eq. 12), so no new
+    activation-sized tensor is made; other dtypes and layouts rotate in fp32 and copy back.
+    """
+    rotary_dim = 2 * cos.size(-1)
+    x_rot = x[..., :rotary_dim]
+    pairs = x_rot.unflatten(-1, (-1, 2))
+    in_place = (
+        layout == "interleaved"
+        and x.dtype in (torch.float32, torch.float64)
+        and torch.promote_types(x.dtype, cos.dtype) == x.dtype
+        and _complex_viewable(pairs)
+    )
+    if in_place:
+        torch.view_as_complex(pairs).mul_(torch.complex(cos, sin))
+    else:
+        x_rot.copy_(apply_rotary(x_rot, cos, sin, layout))
+    return x
+
+
+def _complex_viewable(pairs: Tensor) -> bool:
+    """``view_as_complex`` needs a contiguous last pair and even other strides and offset."""
+    return (
+        pairs.stride(-1) == 1
+        and pairs.storage_offset() % 2 == 0
+        and all(s % 2 == 0 for s in pairs.stride()[:-1])
+    )
 
 
 def interleaved_to_half_permutation(head_dim: int, rotary_dim: int) -> Tensor:
@@ -163,23 +194,20 @@ def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
     """Position of every token within its own sentence (batch x time), pads excluded.
 
     fairseq left-pads sources: counting only real tokens gives a padded sentence exactly the
-    positions (and so the angles) it has when it stands alone.
+    positions it has when it stands alone. Needed where a query and a key come from different
+    sequences (rotary cross-attention); within one sequence see :func:`new_token_positions`.
     """
     not_pad = (~key_padding_mask.bool()).long()
     return (torch.cumsum(not_pad, dim=1) - 1).clamp_(min=0)
 
 
-def new_token_positions(
-    key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
-) -> Tensor:
-    """Positions of the ``length`` new tokens of a self-attention call.
+def new_token_positions(offset: int, length: int, device) -> Tensor:
+    """Positions (time,) of the ``length`` new tokens of a self-attention call, shared by the
+    batch: offset .. offset + length - 1, ``offset`` being the tokens already cached.
 
-    A full pass with a padding mask: in-sentence positions (batch, length), so left padding
-    changes nothing. Otherwise (time,): offset .. offset + length - 1, where ``offset`` is the
-    number of tokens already cached in incremental decoding.
+    Counting from the first column even with left padding is exact: padding shifts every
+    position of a sentence by the same amount, and scores depend on n - m only (eq. 16).
     """
-    if not incremental and key_padding_mask is not None:
-        return positions_from_padding_mask(key_padding_mask)
     return torch.arange(offset, offset + length, device=device)
 
 
@@ -199,6 +227,7 @@ __all__ = [
     "rotation_angles",
     "cos_sin",
     "apply_rotary",
+    "apply_rotary_",
     "interleaved_to_half_permutation",
     "positions_from_padding_mask",
     "new_token_positions",

@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
-from .fused_rotary import can_fuse, fused_rotate
+from .fused_rotary import can_fuse, fused_available, fused_rotate
 from .rotary import (
     LAYOUTS,
     apply_rotary,
+    apply_rotary_,
     attention_temperature,
     cos_sin,
     new_token_positions,
@@ -74,13 +76,45 @@ class RotaryTable:
         return table[0][positions], table[1][positions]
 
 
+class RotateProjectionsInPlace(torch.autograd.Function):
+    """R_m (eq. 14) written into fresh projection outputs; backward rotates the incoming
+    gradient in place by -m (R_m^T = R_{-m}).
+
+    Each input is a linear layer's (time * batch, embed_dim) output -- not a view, so autograd
+    needs no copy to track the in-place change -- rotated as ``heads_shape`` (time, batch, heads,
+    head_dim). In place because a projection output is not kept for backward, and the rotated
+    tensors and their gradients live only inside one attention call: no activation-sized tensor
+    is made in either direction, so RoPE allocates what the stock attention allocates.
+    """
+
+    @staticmethod
+    def forward(ctx, cos: Tensor, sin: Tensor, layout: str, heads_shape: Tuple[int, ...], *xs: Tensor):
+        for x in xs:
+            apply_rotary_(x.view(heads_shape), cos, sin, layout)
+        ctx.mark_dirty(*xs)
+        ctx.save_for_backward(cos, sin)
+        ctx.layout, ctx.heads_shape = layout, heads_shape
+        return xs if len(xs) > 1 else xs[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Tensor):
+        cos, sin = ctx.saved_tensors
+        rotated = []
+        for grad in grads:
+            grad = grad.contiguous()  # a no-op for the dense gradients attention produces
+            apply_rotary_(grad.view(ctx.heads_shape), cos, -sin, ctx.layout)
+            rotated.append(grad)
+        return (None, None, None, None, *rotated)
+
+
 class RotaryMultiheadAttention(MultiheadAttention):
     """``MultiheadAttention`` whose queries and keys are rotated after projection (eq. 14).
 
     Parameters and state-dict keys are exactly those of fairseq's ``MultiheadAttention``.
 
-    * Self-attention: queries and keys rotate by their position in the sentence; with a padding
-      mask, positions count real tokens only, so left padding changes nothing.
+    * Self-attention: queries and keys rotate by their column in the batch; left padding shifts a
+      sentence's positions by a constant, which changes no score (eq. 16).
     * Encoder-decoder attention (``--rope-cross-attention``): queries rotate by target position,
       keys by source position.
     * Incremental decoding: each new key is rotated once and cached rotated; the new query's
@@ -138,12 +172,9 @@ class RotaryMultiheadAttention(MultiheadAttention):
             )
         )
 
-    def self_attention_positions(
-        self, key_padding_mask: Optional[Tensor], incremental: bool, offset: int, length: int, device
-    ) -> Tensor:
-        """Positions of the new tokens of a self-attention call: in-sentence positions from the
-        padding mask in a full pass (left padding changes nothing), else offset..offset+length-1."""
-        return new_token_positions(key_padding_mask, incremental, offset, length, device)
+    def self_attention_positions(self, offset: int, length: int, device) -> Tensor:
+        """Positions (time,) of the new tokens of a self-attention call, ``offset`` of them cached."""
+        return new_token_positions(offset, length, device)
 
     def time_first_cos_sin(self, positions: Tensor, max_position: int) -> Tuple[Tensor, Tensor]:
         """fp32 cos/sin for ``positions`` -- (time,) shared by the batch or (batch, time) per
@@ -167,6 +198,23 @@ class RotaryMultiheadAttention(MultiheadAttention):
             return [rotated] if len(xs) == 1 else list(rotated)
         cos, sin = self.time_first_cos_sin(positions, max_position)
         return [apply_rotary(x, cos, sin, self.rope_layout) for x in xs]
+
+    def rotate_projections_(
+        self, xs: List[Tensor], length: int, batch: int, positions: Tensor, max_position: int
+    ) -> List[Tensor]:
+        """Rotate projection outputs, each (length * batch, embed_dim) in time-major order, by
+        ``positions``: in place on the CPU, with the fused kernel on CUDA with Triton."""
+        heads_shape = (length, batch, self.num_heads, self.head_dim)
+        if xs[0].is_cuda and fused_available():
+            rotated = self.rotate_together([x.view(heads_shape) for x in xs], positions, max_position)
+            return [x.view(length * batch, -1) for x in rotated]
+        cos, sin = self.time_first_cos_sin(positions, max_position)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            rotated = RotateProjectionsInPlace.apply(cos, sin, self.rope_layout, heads_shape, *xs)
+            return list(rotated) if len(xs) > 1 else [rotated]
+        for x in xs:
+            apply_rotary_(x.view(heads_shape), cos, sin, self.rope_layout)
+        return xs
 
     def rotate_back(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
         """R_{-m} x, the inverse rotation, for time-first ``x`` (RoPER's output rotation)."""
@@ -196,11 +244,17 @@ class RotaryMultiheadAttention(MultiheadAttention):
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         cached = saved_state is not None and "prev_key" in saved_state
 
-        q = self.q_proj(query).view(tgt_len, bsz, heads, head_dim)
+        # Projections are made from 2-D inputs: (time * batch, embed_dim) outputs, not views,
+        # that the rotation may overwrite.
+        def project(proj: torch.nn.Module, x: Tensor) -> Tensor:
+            return proj(x.reshape(-1, x.size(-1)))
+
+        q = project(self.q_proj, query)
         k = v = None
+        src_len, kv_bsz = tgt_len, bsz
         if self.self_attention:
-            k = self.k_proj(query).view(tgt_len, bsz, heads, head_dim)
-            v = self.v_proj(query).view(tgt_len, bsz, heads, head_dim)
+            k = project(self.k_proj, query)
+            v = project(self.v_proj, query)
         elif not (static_kv and cached):
             assert key is not None and value is not None
             if self.encoder_decoder_attention and self.beam_size > 1 and bsz == key.size(1):
@@ -212,39 +266,38 @@ class RotaryMultiheadAttention(MultiheadAttention):
                         -1, self.beam_size, key_padding_mask.size(1)
                     )[:, 0, :]
             src_len, kv_bsz = key.size(0), key.size(1)
-            k = self.k_proj(key).view(src_len, kv_bsz, heads, head_dim)
-            v = self.v_proj(value).view(src_len, kv_bsz, heads, head_dim)
+            k = project(self.k_proj, key)
+            v = project(self.v_proj, value)
 
         # Positions and rotation (eq. 14): new keys are rotated here, once, before caching.
         device = query.device
         if self.self_attention:
             offset = saved_state["prev_key"].size(2) if cached else 0
-            positions = self.self_attention_positions(
-                key_padding_mask, incremental_state is not None, offset, tgt_len, device
-            )
+            positions = self.self_attention_positions(offset, tgt_len, device)
             if self.rope_values:  # values are cached rotated, like the keys
-                q, k, v = self.rotate_together([q, k, v], positions, offset + tgt_len)
+                q, k, v = self.rotate_projections_([q, k, v], tgt_len, bsz, positions, offset + tgt_len)
             else:
-                q, k = self.rotate_together([q, k], positions, offset + tgt_len)
+                q, k = self.rotate_projections_([q, k], tgt_len, bsz, positions, offset + tgt_len)
         else:
             steps = saved_state.get(QUERY_STEPS) if saved_state is not None else None
             offset = steps.size(1) if steps is not None else 0
-            q = self.rotate(q, torch.arange(offset, offset + tgt_len, device=device), offset + tgt_len)
+            query_positions = torch.arange(offset, offset + tgt_len, device=device)
+            (q,) = self.rotate_projections_([q], tgt_len, bsz, query_positions, offset + tgt_len)
             if k is not None:
-                src_len = k.size(0)
                 if key_padding_mask is not None:
                     key_positions = positions_from_padding_mask(key_padding_mask)
                 else:
                     key_positions = torch.arange(src_len, device=device)
-                k = self.rotate(k, key_positions, src_len)
+                (k,) = self.rotate_projections_([k], src_len, kv_bsz, key_positions, src_len)
 
         if self.rotary_table.attention_factor != 1.0:  # YaRN attention temperature
             q = q * self.rotary_table.attention_factor
+
         # Batch-first heads: (batch, heads, time, head_dim), the layout fairseq caches.
-        q = q.permute(1, 2, 0, 3)
+        q = q.view(tgt_len, bsz, heads, head_dim).permute(1, 2, 0, 3)
         if k is not None:
-            k = k.permute(1, 2, 0, 3)
-            v = v.permute(1, 2, 0, 3)
+            k = k.view(src_len, kv_bsz, heads, head_dim).permute(1, 2, 0, 3)
+            v = v.view(src_len, kv_bsz, heads, head_dim).permute(1, 2, 0, 3)
 
         if saved_state is not None:
             k, v, key_padding_mask = append_to_cache(saved_state, k, v, key_padding_mask, static_kv)
