@@ -180,9 +180,11 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     x = torch.randn(T * B, H * D, dtype=torch.double)
     attn = RotaryMultiheadAttention(H * D, H, self_attention=True, rope_layout=layout, rope_fraction=fraction)
     cos, sin = attn.time_first_cos_sin(torch.arange(T) + 7, T + 7)
+    factor = attn.time_first_factors(torch.arange(T) + 7, T + 7)
+    torch.testing.assert_close(factor, torch.complex(cos, sin), rtol=0, atol=0)
     upstream = torch.randn(T, B, H, D, dtype=torch.double)
 
-    rotated = RotateProjectionsInPlace.apply(cos, sin, layout, (T, B, H, D), proj(x))
+    rotated = RotateProjectionsInPlace.apply(factor, layout, (T, B, H, D), proj(x))
     (rotated.view(T, B, H, D) * upstream).sum().backward()
     in_place = [p.grad.clone() for p in proj.parameters()]
     proj.zero_grad()
@@ -192,7 +194,7 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     torch.testing.assert_close(rotated.view(T, B, H, D), reference, rtol=0, atol=1e-6)
     for got, want in zip(in_place, [p.grad for p in proj.parameters()]):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    check = lambda y: RotateProjectionsInPlace.apply(cos, sin, layout, (T, B, H, D), y * 1.0)  # noqa: E731
+    check = lambda y: RotateProjectionsInPlace.apply(factor, layout, (T, B, H, D), y * 1.0)  # noqa: E731
     assert torch.autograd.gradcheck(check, (torch.randn(T * B, H * D, dtype=torch.double, requires_grad=True),))
 
 

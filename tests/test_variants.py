@@ -119,8 +119,8 @@ def _shift_positions(monkeypatch, cls, change):
 
     monkeypatch.setattr(cls, "self_attention_positions", shifted)
     # the rotary tables are sized by the unshifted length: make room for the shifted positions
-    lookup = RotaryTable.lookup
-    monkeypatch.setattr(RotaryTable, "lookup", lambda self, p, max_position: lookup(self, p, max_position + 256))
+    tables = RotaryTable.tables
+    monkeypatch.setattr(RotaryTable, "tables", lambda self, max_position, device: tables(self, max_position + 256, device))
 
 
 @pytest.mark.parametrize("name", RELATIVE)

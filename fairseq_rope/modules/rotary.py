@@ -146,25 +146,27 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
-def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+def apply_rotary_(x: Tensor, factor: Tensor, layout: str = "interleaved") -> Tensor:
     """:func:`apply_rotary` written into ``x`` itself, which is returned.
 
-    fp32/fp64 interleaved pairs are multiplied in place as complex numbers (eq. 12), so no new
-    activation-sized tensor is made; other dtypes and layouts rotate in fp32 and copy back.
+    ``factor`` is e^{i m theta} = cos + i sin as complex numbers (eq. 12), broadcasting against
+    ``x[..., :rotary_dim // 2]``. fp32/fp64 interleaved pairs are multiplied by it in place, so no
+    new activation-sized tensor is made; other dtypes and layouts rotate in fp32 and copy back.
     """
-    rotary_dim = 2 * cos.size(-1)
-    x_rot = x[..., :rotary_dim]
-    pairs = x_rot.unflatten(-1, (-1, 2))
+    rotary_dim = 2 * factor.size(-1)
+    x_rot = x if rotary_dim == x.size(-1) else x[..., :rotary_dim]
     in_place = (
         layout == "interleaved"
-        and x.dtype in (torch.float32, torch.float64)
-        and torch.promote_types(x.dtype, cos.dtype) == x.dtype
-        and _complex_viewable(pairs)
+        and x_rot.stride(-1) == 1
+        # the product must fit x's own precision: fp64 takes any factor, fp32 a complex64 one
+        and (x.dtype == torch.float64 or (x.dtype == torch.float32 and factor.dtype == torch.complex64))
     )
     if in_place:
-        torch.view_as_complex(pairs).mul_(torch.complex(cos, sin))
-    else:
-        x_rot.copy_(apply_rotary(x_rot, cos, sin, layout))
+        pairs = x_rot.view(x_rot.shape[:-1] + (-1, 2))
+        if _complex_viewable(pairs):
+            torch.view_as_complex(pairs).mul_(factor)
+            return x
+    x_rot.copy_(apply_rotary(x_rot, factor.real, factor.imag, layout))
     return x
 
 

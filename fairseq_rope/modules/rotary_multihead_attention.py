@@ -61,19 +61,31 @@ class RotaryTable:
         """m * theta_i for m < length, computed in fp64 on the CPU (exact for any realistic m)."""
         return rotation_angles(torch.arange(length), self.inv_freq)
 
+    def tables(self, max_position: int, device) -> Tuple[Tensor, Tensor, Tensor]:
+        """cos, sin (fp32) and e^{i m theta_i} (complex64, eq. 12) for m < at least ``max_position``,
+        on ``device``."""
+        tables = self._tables.get(device)
+        if tables is None or tables[0].size(0) < max_position:
+            length = 1 << max(int(max_position) - 1, 1).bit_length()
+            cos, sin = cos_sin(self.angles(length))
+            cos = cos.to(device=device, dtype=torch.float32)
+            sin = sin.to(device=device, dtype=torch.float32)
+            tables = (cos, sin, torch.complex(cos, sin))
+            self._tables[device] = tables
+        return tables
+
     def lookup(self, positions: Tensor, max_position: int, gather: bool = True) -> Tuple[Tensor, Tensor]:
         """cos, sin (fp32) for integer ``positions`` (any shape, all < ``max_position``); with
         ``gather=False``, the whole tables (length >= ``max_position``) on their device."""
-        device = positions.device
-        table = self._tables.get(device)
-        if table is None or table[0].size(0) < max_position:
-            length = 1 << max(int(max_position) - 1, 1).bit_length()
-            cos, sin = cos_sin(self.angles(length))
-            table = (cos.to(device=device, dtype=torch.float32), sin.to(device=device, dtype=torch.float32))
-            self._tables[device] = table
+        cos, sin, _ = self.tables(max_position, positions.device)
         if not gather:
-            return table
-        return table[0][positions], table[1][positions]
+            return cos, sin
+        return cos[positions], sin[positions]
+
+    def factors(self, positions: Tensor, max_position: int) -> Tensor:
+        """e^{i m theta_i} (complex64) for integer ``positions`` (any shape, all < ``max_position``):
+        one gather where :meth:`lookup` needs two."""
+        return self.tables(max_position, positions.device)[2][positions]
 
 
 class RotateProjectionsInPlace(torch.autograd.Function):
@@ -82,30 +94,32 @@ class RotateProjectionsInPlace(torch.autograd.Function):
 
     Each input is a linear layer's (time * batch, embed_dim) output -- not a view, so autograd
     needs no copy to track the in-place change -- rotated as ``heads_shape`` (time, batch, heads,
-    head_dim). In place because a projection output is not kept for backward, and the rotated
-    tensors and their gradients live only inside one attention call: no activation-sized tensor
-    is made in either direction, so RoPE allocates what the stock attention allocates.
+    head_dim) by the complex ``factor`` e^{i m theta}. In place because a projection output is not
+    kept for backward, and the rotated tensors and their gradients live only inside one attention
+    call: no activation-sized tensor is made in either direction, so RoPE allocates what the stock
+    attention allocates.
     """
 
     @staticmethod
-    def forward(ctx, cos: Tensor, sin: Tensor, layout: str, heads_shape: Tuple[int, ...], *xs: Tensor):
+    def forward(ctx, factor: Tensor, layout: str, heads_shape: Tuple[int, ...], *xs: Tensor):
         for x in xs:
-            apply_rotary_(x.view(heads_shape), cos, sin, layout)
+            apply_rotary_(x.view(heads_shape), factor, layout)
         ctx.mark_dirty(*xs)
-        ctx.save_for_backward(cos, sin)
+        ctx.save_for_backward(factor)
         ctx.layout, ctx.heads_shape = layout, heads_shape
         return xs if len(xs) > 1 else xs[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads: Tensor):
-        cos, sin = ctx.saved_tensors
+        (factor,) = ctx.saved_tensors
+        inverse = torch.conj_physical(factor)  # e^{-i m theta}
         rotated = []
         for grad in grads:
             grad = grad.contiguous()  # a no-op for the dense gradients attention produces
-            apply_rotary_(grad.view(ctx.heads_shape), cos, -sin, ctx.layout)
+            apply_rotary_(grad.view(ctx.heads_shape), inverse, ctx.layout)
             rotated.append(grad)
-        return (None, None, None, None, *rotated)
+        return (None, None, None, *rotated)
 
 
 class RotaryMultiheadAttention(MultiheadAttention):
@@ -199,6 +213,14 @@ class RotaryMultiheadAttention(MultiheadAttention):
         cos, sin = self.time_first_cos_sin(positions, max_position)
         return [apply_rotary(x, cos, sin, self.rope_layout) for x in xs]
 
+    def time_first_factors(self, positions: Tensor, max_position: int) -> Tensor:
+        """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
+        time) per sentence -- shaped to broadcast against time-first (time, batch, heads, rotary_dim/2)."""
+        factor = self.rotary_table.factors(positions, max_position)
+        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
+            return factor.view(factor.size(0), 1, 1, -1)
+        return factor.transpose(0, 1).unsqueeze(2)  # (B, T, r/2) -> (T, B, 1, r/2)
+
     def rotate_projections_(
         self, xs: List[Tensor], length: int, batch: int, positions: Tensor, max_position: int
     ) -> List[Tensor]:
@@ -208,12 +230,12 @@ class RotaryMultiheadAttention(MultiheadAttention):
         if xs[0].is_cuda and fused_available():
             rotated = self.rotate_together([x.view(heads_shape) for x in xs], positions, max_position)
             return [x.view(length * batch, -1) for x in rotated]
-        cos, sin = self.time_first_cos_sin(positions, max_position)
+        factor = self.time_first_factors(positions, max_position)
         if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-            rotated = RotateProjectionsInPlace.apply(cos, sin, self.rope_layout, heads_shape, *xs)
+            rotated = RotateProjectionsInPlace.apply(factor, self.rope_layout, heads_shape, *xs)
             return list(rotated) if len(xs) > 1 else [rotated]
         for x in xs:
-            apply_rotary_(x.view(heads_shape), cos, sin, self.rope_layout)
+            apply_rotary_(x.view(heads_shape), factor, self.rope_layout)
         return xs
 
     def rotate_back(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
@@ -246,15 +268,13 @@ class RotaryMultiheadAttention(MultiheadAttention):
 
         # Projections are made from 2-D inputs: (time * batch, embed_dim) outputs, not views,
         # that the rotation may overwrite.
-        def project(proj: torch.nn.Module, x: Tensor) -> Tensor:
-            return proj(x.reshape(-1, x.size(-1)))
-
-        q = project(self.q_proj, query)
+        query_rows = query.reshape(-1, embed_dim)
+        q = self.q_proj(query_rows)
         k = v = None
         src_len, kv_bsz = tgt_len, bsz
         if self.self_attention:
-            k = project(self.k_proj, query)
-            v = project(self.v_proj, query)
+            k = self.k_proj(query_rows)
+            v = self.v_proj(query_rows)
         elif not (static_kv and cached):
             assert key is not None and value is not None
             if self.encoder_decoder_attention and self.beam_size > 1 and bsz == key.size(1):
@@ -266,8 +286,8 @@ class RotaryMultiheadAttention(MultiheadAttention):
                         -1, self.beam_size, key_padding_mask.size(1)
                     )[:, 0, :]
             src_len, kv_bsz = key.size(0), key.size(1)
-            k = project(self.k_proj, key)
-            v = project(self.v_proj, value)
+            k = self.k_proj(key.reshape(-1, embed_dim))
+            v = self.v_proj(value.reshape(-1, embed_dim))
 
         # Positions and rotation (eq. 14): new keys are rotated here, once, before caching.
         device = query.device
@@ -356,18 +376,23 @@ class RotaryMultiheadAttention(MultiheadAttention):
         )
         weights = None
         # A single query row (an incremental decoding step) on the CPU runs about twice as fast
-        # as two matmuls than through SDPA's flash kernel (torch 2.13, beam-search batches).
+        # as two batched matmuls than through SDPA's flash kernel (torch 2.13, beam-search batches).
         single_query_on_cpu = q.size(2) == 1 and q.device.type == "cpu"
         if not need_weights and not single_query_on_cpu:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
-            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            rows = q.size(2)
+            scores = torch.bmm((q * self.scaling).flatten(0, 1), k.flatten(0, 1).transpose(1, 2))
             if mask is not None:
-                scores = scores + mask
+                scores = (scores.view(kv_bsz, heads, rows, src_len) + mask).flatten(0, 1)
             probs = utils.softmax(scores, dim=-1)  # fp32, as fairseq returns them
-            out = torch.matmul(self.dropout_module(probs.type_as(scores)), v)
+            if dropout_p > 0:
+                probs_for_values = F.dropout(probs.type_as(scores), dropout_p, training=True)
+            else:
+                probs_for_values = probs if probs.dtype == scores.dtype else probs.type_as(scores)
+            out = torch.bmm(probs_for_values, v.flatten(0, 1)).view(kv_bsz, heads, rows, head_dim)
             if need_weights:
-                weights = probs
+                weights = probs.view(kv_bsz, heads, rows, src_len)
 
         if group > 1:
             out = out.view(kv_bsz, heads, group, tgt_len, head_dim).transpose(1, 2)
