@@ -9,7 +9,8 @@ medians and per-pair ratios (RoPE / baseline), as a markdown table and optionall
 * peak training memory of each model (CPU: the resident-set high-water mark of a fresh process
   per model, total and above the process before its first step; CUDA: max_memory_allocated);
 * beam-4 generation speed (sentences per second) with incremental decoding, every hypothesis
-  forced to the same length so that both models do the same amount of work;
+  forced to the same length so that both models do the same amount of work, and on the CPU the
+  minor page faults per generation call;
 * the rotation of q and k for a base-size batch, as self-attention runs it (in place on the
   projection outputs on the CPU, the fused kernel on CUDA), against a floor measured in the same
   run: a plain ``dst.copy_(src)`` of the same number of bytes.
@@ -147,6 +148,14 @@ def summarise(a_values, b_values, higher_is_better=True):
     }
 
 
+def fault_counts(faults, unit):
+    """Medians of the page-fault counts of each model's repetitions. Counts, not speeds: their
+    ratio means little (and nothing when one side is zero), so none is given."""
+    result = summarise(faults["baseline"], faults["rope"], higher_is_better=False)
+    result.update(unit=unit, ratio_median=None, ratio_min=None, ratio_max=None)
+    return result
+
+
 def alternate(fn_a, fn_b, reps):
     """A B A B ...; the order inside a pair flips every repetition (A B, B A, A B ...) so that
     neither model always runs second."""
@@ -200,9 +209,7 @@ def bench_training(dim, args, task, device):
     result = summarise(a, b)
     result.update(unit="target tokens/s", tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
     if device.type == "cpu":
-        result["page_faults"] = summarise(faults["baseline"], faults["rope"], higher_is_better=False)
-        # counts, not speeds: their ratio means little (and nothing when one side is zero)
-        result["page_faults"].update(unit="faults/step", ratio_median=None, ratio_min=None, ratio_max=None)
+        result["page_faults"] = fault_counts(faults, "faults/step")
     return result
 
 
@@ -225,10 +232,14 @@ def bench_generation(dim, args, task, device):
         for _ in range(args.warmup):
             generator.generate([model], sample)
 
+    faults = {"baseline": [], "rope": []}
+
     def run(name):
         generator = runs[name]
         out = []
+        before = page_faults()
         seconds = timed(lambda: out.append(generator.generate(generator.model.models, sample)), device)
+        faults[name].append(page_faults() - before)
         hyp_lengths = {len(h[0]["tokens"]) for h in out[0]}
         assert hyp_lengths == {length + 1}, f"unequal hypothesis lengths {hyp_lengths}"
         return args.gen_sentences / seconds
@@ -236,6 +247,8 @@ def bench_generation(dim, args, task, device):
     a, b = alternate(lambda: run("baseline"), lambda: run("rope"), args.reps)
     result = summarise(a, b)
     result.update(unit="sentences/s", sentences=args.gen_sentences, length=length, beam=4)
+    if device.type == "cpu":
+        result["page_faults"] = fault_counts(faults, "faults/generate call")
     return result
 
 
@@ -476,6 +489,8 @@ def main():
             res = bench_generation(dim, args, task, device)
             report["results"][f"generate_{dim}"] = res
             rows.append((f"{dim}: beam-4 generation", res, ">= 0.98" if dim == "base" else ""))
+            if "page_faults" in res:
+                rows.append((f"{dim}: page faults per generation call", res["page_faults"], ""))
             print(f"[{dim}] generation done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
     if "rotation" not in args.skip:
         for label, res in bench_rotation(args, device).items():

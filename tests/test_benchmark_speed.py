@@ -34,6 +34,8 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
     else:
         assert results["memory_tiny"]["peak_mib"]["rope"] > 0
     assert results["generate_tiny"]["rope"] > 0
+    assert len(results["generate_tiny"]["page_faults"]["rope_all"]) == 2
+    assert "| tiny: page faults per generation call |" in proc.stdout
     rotation = [key for key in results if key.startswith("rotation")]
     assert len(rotation) == 2
     assert f"malloc {malloc}" in proc.stdout and "| tiny: training throughput |" in proc.stdout
