@@ -215,7 +215,8 @@ class RotaryMultiheadAttention(MultiheadAttention):
 
     def time_first_factors(self, positions: Tensor, max_position: int) -> Tensor:
         """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
-        time) per sentence -- shaped to broadcast against time-first (time, batch, heads, rotary_dim/2)."""
+        time) per sentence -- shaped to broadcast against time-first (time, batch, heads,
+        rotary_dim/2) pairs."""
         factor = self.rotary_table.factors(positions, max_position)
         if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
             return factor.view(factor.size(0), 1, 1, -1)
