@@ -217,10 +217,10 @@ class RotaryMultiheadAttention(MultiheadAttention):
         """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
         time) per sentence -- shaped to broadcast against time-first (time, batch, heads,
         rotary_dim/2) pairs."""
-        factor = self.rotary_table.factors(positions, max_position)
         if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
-            return factor.view(factor.size(0), 1, 1, -1)
-        return factor.transpose(0, 1).unsqueeze(2)  # (B, T, r/2) -> (T, B, 1, r/2)
+            return self.rotary_table.factors(positions, max_position).view(positions.size(0), 1, 1, -1)
+        # gathered time-first, (T, B, r/2) -> (T, B, 1, r/2): a contiguous factor to multiply by
+        return self.rotary_table.factors(positions.t(), max_position).unsqueeze(2)
 
     def rotate_projections_(
         self, xs: List[Tensor], length: int, batch: int, positions: Tensor, max_position: int
