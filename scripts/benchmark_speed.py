@@ -21,13 +21,18 @@ either model's step time by several percent from run to run. ``--malloc retain``
 benchmark with ``GLIBC_TUNABLES`` that keep freed memory in the process (no page faults after
 warm-up), which isolates the models' own compute.
 
+Every ratio row also gets, in the JSON, a 95 % bootstrap interval of its median; ``--pool``
+combines the pairs of several saved reports.
+
 Example::
 
     python scripts/benchmark_speed.py --dims tiny base --reps 7 --json-out bench.json
+    python scripts/benchmark_speed.py --pool run1.json run2.json run3.json
 """
 
 import argparse
 import json
+import random
 import resource
 import os
 import platform
@@ -132,6 +137,16 @@ def timed(fn, device):
 # statistics
 
 
+def median_interval(ratios, resamples=2000, seed=0):
+    """95 % bootstrap percentile interval of the median of ``ratios`` (None below 5 of them):
+    how well a run pins the median down on a noisy machine."""
+    if len(ratios) < 5:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
+
+
 def summarise(a_values, b_values, higher_is_better=True):
     """Medians of A and B and of the per-pair ratios B / A (pairs are adjacent repetitions)."""
     ratios = [b / a for a, b in zip(a_values, b_values) if a]  # no ratio to zero page faults
@@ -141,11 +156,60 @@ def summarise(a_values, b_values, higher_is_better=True):
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_min": min(ratios) if ratios else None,
         "ratio_max": max(ratios) if ratios else None,
+        "ratio_median_ci95": median_interval(ratios),
         "baseline_all": a_values,
         "rope_all": b_values,
         "ratios": ratios,
         "higher_is_better": higher_is_better,
     }
+
+
+def write_json(path, data):
+    """Write ``data`` to ``path`` through a temporary file, so no half-written report is left."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def pool_reports(paths, json_out=None):
+    """Pool the per-pair ratios of several saved reports (``--json-out``) row by row: the median
+    of all their pairs and its bootstrap interval, for targets closer than one run resolves."""
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            results = report["results"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})")
+        reports.append((path, report, results))
+    pooled, rows = {}, []
+    for key in dict.fromkeys(k for _, _, results in reports for k in results):
+        ratios, runs = [], 0
+        for _, _, results in reports:
+            if key in results and results[key].get("ratios"):
+                ratios += results[key]["ratios"]
+                runs += 1
+        if not ratios:
+            continue
+        interval = median_interval(ratios)
+        pooled[key] = {"runs": runs, "pairs": len(ratios), "ratio_median": statistics.median(ratios),
+                       "ratio_median_ci95": interval, "ratio_min": min(ratios), "ratio_max": max(ratios)}
+        ci = f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-"
+        rows.append(f"| {key} | {runs} | {len(ratios)} | **{statistics.median(ratios):.3f}** | {ci} | "
+                    f"{min(ratios):.3f} - {max(ratios):.3f} |")
+    print("Pooled reports:")
+    for path, report, _ in reports:
+        settings = report.get("settings", {})
+        print(f"- {path}: `{report.get('command', '?')}` ({settings.get('threads', '?')} threads, "
+              f"{settings.get('clock', '?')} clock, malloc {settings.get('malloc', '?')})")
+    print("\n| measurement | runs | pairs | RoPE / baseline (median of all pairs) | 95 % interval of "
+          "that median (bootstrap) | pair range |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    if json_out:
+        write_json(json_out, {"pooled": [str(p) for p in paths], "results": pooled})
+        print(f"\nJSON written to {json_out}")
 
 
 def fault_counts(faults, unit):
@@ -448,8 +512,13 @@ def main():
                    help="retain: rerun under GLIBC_TUNABLES that keep freed memory in the process "
                         "(no page faults after warm-up); CPU timings then show compute alone")
     p.add_argument("--json-out")
+    p.add_argument("--pool", nargs="+", metavar="REPORT",
+                   help="run nothing: pool the pairs of these --json-out reports row by row")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.pool:
+        pool_reports(args.pool, args.json_out)
+        return
     if args.malloc == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
         os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
 
@@ -503,8 +572,7 @@ def main():
           f"malloc {args.malloc}\n")
     print(table(rows))
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.json_out, report)
         print(f"\nJSON written to {args.json_out}")
 
 

@@ -39,3 +39,33 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
     rotation = [key for key in results if key.startswith("rotation")]
     assert len(rotation) == 2
     assert f"malloc {malloc}" in proc.stdout and "| tiny: training throughput |" in proc.stdout
+
+    # --pool: the pairs of several reports, row by row
+    pooled_out = tmp_path / "pooled.json"
+    pooled = run_cli([sys.executable, REPO / "scripts" / "benchmark_speed.py", "--pool", out, out,
+                      "--json-out", pooled_out])
+    pooled_train = json.loads(pooled_out.read_text())["results"]["train_tiny"]
+    assert pooled_train["runs"] == 2 and pooled_train["pairs"] == 4
+    assert sorted(train["ratios"] * 2)[1] <= pooled_train["ratio_median"] <= sorted(train["ratios"] * 2)[2]
+    assert "| train_tiny | 2 | 4 |" in pooled.stdout
+
+
+def test_pool_rejects_a_file_that_is_not_a_report(tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_text("[1, 2, 3]")
+    proc = run_cli([sys.executable, REPO / "scripts" / "benchmark_speed.py", "--pool", bad], check=False)
+    assert proc.returncode != 0 and f"--pool {bad}: not a report written by --json-out" in proc.stderr
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_more_pairs():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from benchmark_speed import median_interval
+
+    assert median_interval([1.0, 0.9, 1.1, 1.0]) is None  # too few pairs to resample
+    few = [0.90, 0.95, 1.00, 1.05, 1.10] * 2
+    many = few * 20
+    low, high = median_interval(few)
+    assert low <= 1.0 <= high and low < high
+    low_many, high_many = median_interval(many)
+    assert low <= low_many <= 1.0 <= high_many <= high and (high_many - low_many) < (high - low)
+    assert median_interval([0.99] * 9) == [0.99, 0.99]
