@@ -216,7 +216,7 @@ def fault_counts(faults, unit):
     """Medians of the page-fault counts of each model's repetitions. Counts, not speeds: their
     ratio means little (and nothing when one side is zero), so none is given."""
     result = summarise(faults["baseline"], faults["rope"], higher_is_better=False)
-    result.update(unit=unit, ratio_median=None, ratio_min=None, ratio_max=None)
+    result.update(unit=unit, ratio_median=None, ratio_min=None, ratio_max=None, ratio_median_ci95=None)
     return result
 
 
