@@ -193,11 +193,8 @@ class RotaryMultiheadAttention(MultiheadAttention):
     def time_first_cos_sin(self, positions: Tensor, max_position: int) -> Tuple[Tensor, Tensor]:
         """fp32 cos/sin for ``positions`` -- (time,) shared by the batch or (batch, time) per
         sentence -- shaped to broadcast against time-first (time, batch, heads, rotary_dim/2)."""
-        cos, sin = self.rotary_table.lookup(positions, max_position)
-        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
-            return cos[:, None, None, :], sin[:, None, None, :]
-        # (B, T, r/2) -> (T, B, 1, r/2)
-        return cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+        factor = self.time_first_factors(positions, max_position)
+        return factor.real, factor.imag
 
     def rotate(self, x: Tensor, positions: Tensor, max_position: int) -> Tensor:
         """R_m x (eq. 14) for time-first ``x`` (time, batch, heads, head_dim) at ``positions``."""
