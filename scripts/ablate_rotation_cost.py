@@ -11,7 +11,6 @@ benchmark_speed.py).
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -24,12 +23,12 @@ import torch  # noqa: E402
 
 from benchmark_speed import (  # noqa: E402
     ARCHS,
-    RETAIN_TUNABLES,
     _Task,
     build_model,
     make_batch,
     page_faults,
     train_step,
+    use_malloc,
 )
 
 
@@ -42,8 +41,7 @@ def main():
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--malloc", choices=["default", "retain"], default="default")
     args = parser.parse_args()
-    if args.malloc == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
+    use_malloc(args.malloc)
     torch.set_num_threads(args.threads)
 
     from fairseq_rope.modules import RotaryMultiheadAttention

@@ -121,6 +121,13 @@ CLOCK = time.perf_counter  # --clock process: CPU seconds of this process (all i
 RETAIN_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
 
 
+def use_malloc(mode):
+    """``--malloc retain``: restart this script under RETAIN_TUNABLES (glibc reads them only at
+    process start); a no-op for ``default`` or once restarted."""
+    if mode == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
+
+
 def page_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
@@ -519,8 +526,7 @@ def main():
     if args.pool:
         pool_reports(args.pool, args.json_out)
         return
-    if args.malloc == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
+    use_malloc(args.malloc)
 
     global CLOCK
     if args.clock == "process":
