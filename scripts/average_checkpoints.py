@@ -13,28 +13,31 @@ Same command line as fairseq's ``scripts/average_checkpoints.py``::
     python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are loaded with torch's safe default (``weights_only=True``; importing
-``fairseq_rope`` allow-lists the few types fairseq checkpoints hold). All inputs must have the
-same parameter names and shapes and the same architecture; otherwise the script stops and names
-the offending file. Floating-point parameters are averaged in float64 and stored in their
-original dtype. The output keeps the first checkpoint's configuration and training state (its
-optimizer state is dropped unless ``--keep-optimizer-state``) and is written atomically: to a
-temporary file in the output directory, renamed when complete.
+``fairseq_rope`` allow-lists the few types fairseq checkpoints hold). All inputs must be the same
+model: the same parameter names and shapes, and the same value of every option that changes
+what the weights compute (architecture, dimensions, every ``rope_*`` / ``rpe_*`` option,
+attention kind); otherwise the script stops and names the option and both files. Floating-point
+parameters are averaged in float64 and stored in their original dtype. The output keeps the
+first checkpoint's configuration and training state (its optimizer state is dropped unless
+``--keep-optimizer-state``) and is written atomically: to a hidden temporary file in the output
+directory, fsynced and renamed when complete. The temporary file is removed on any error and on
+SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is removed by the next
+write of the same output.
 """
 
 import argparse
 import collections
 import os
 import re
+import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairseq_rope.checkpoint_safe_globals import allow_fairseq_checkpoints  # noqa: E402
-
-allow_fairseq_checkpoints()
+from fairseq_rope.checkpoints import is_readable_checkpoint, save_checkpoint_atomically  # noqa: E402
+from fairseq_rope.model_options import computation_options, model_config  # noqa: E402
 
 
 class CheckpointMismatch(ValueError):
@@ -66,20 +69,9 @@ def last_n_checkpoints(directory, n, update_based, upper_bound=None):
     return [p for _, p in sorted(found, reverse=True)[:n]]
 
 
-def _architecture(state):
-    """The model architecture recorded in a fairseq checkpoint (None if none is recorded)."""
-    cfg = state.get("cfg")
-    model_cfg = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
-    for holder in (model_cfg, state.get("args")):
-        if holder is None:
-            continue
-        arch = holder.get("arch", holder.get("_name")) if isinstance(holder, dict) else getattr(holder, "arch", None)
-        if arch is not None:
-            return arch
-    return None
-
-
 def load_checkpoint(path):
+    if not is_readable_checkpoint(path):
+        raise CheckpointMismatch(f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)")
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - report which file and why
@@ -94,20 +86,17 @@ def average_checkpoints(paths):
     if not paths:
         raise ValueError("no checkpoints to average")
     first_path, first = paths[0], None
-    sums, dtypes, arch = collections.OrderedDict(), {}, None
+    sums, dtypes, options = collections.OrderedDict(), {}, None
     for path in paths:
         state = load_checkpoint(path)
         params = state["model"]
         if first is None:
-            first, arch = state, _architecture(state)
+            first, options = state, computation_options(model_config(state))
             for k, v in params.items():
                 dtypes[k] = v.dtype
                 sums[k] = v.detach().to(torch.float64 if v.is_floating_point() else torch.int64).clone()
             continue
-        if _architecture(state) != arch:
-            raise CheckpointMismatch(
-                f"{path} has architecture {_architecture(state)!r}, but {first_path} has {arch!r}"
-            )
+        check_same_model(options, computation_options(model_config(state)), first_path, path)
         missing = [k for k in sums if k not in params]
         extra = [k for k in params if k not in sums]
         if missing or extra:
@@ -135,24 +124,14 @@ def average_checkpoints(paths):
     return first
 
 
-def save_atomic(state, output):
-    """torch.save to a temporary file next to ``output``, then rename: never a truncated file."""
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def check_same_model(first_options, options, first_path, path):
+    for name, value in options.items():
+        if value != first_options[name]:
+            what = "architecture" if name == "arch" else name
+            raise CheckpointMismatch(
+                f"{path} has {what} {value!r}, but {first_path} has {first_options[name]!r}: "
+                "they are not the same model and cannot be averaged"
+            )
 
 
 def main(argv=None):
@@ -193,8 +172,10 @@ def main(argv=None):
             if not os.path.isfile(path):
                 sys.exit(f"error: {path} is not a file (for a directory, add --num-update-checkpoints N "
                          "or --num-epoch-checkpoints N)")
-    if os.path.abspath(args.output) in map(os.path.abspath, inputs):
+    if os.path.realpath(args.output) in map(os.path.realpath, inputs):  # symlinks resolved
         sys.exit(f"error: --output {args.output} is one of the inputs")
+    # SIGTERM (a scheduler's cancel) unwinds like Ctrl-C, so no temporary file is left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     print(f"averaging {len(inputs)} checkpoints:", *inputs, sep="\n  ", file=sys.stderr)
     try:
         state = average_checkpoints(inputs)
@@ -202,7 +183,11 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     if not args.keep_optimizer_state:
         state["last_optimizer_state"] = None
-    save_atomic(state, args.output)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    try:
+        save_checkpoint_atomically(state, args.output)
+    except OSError as e:
+        sys.exit(f"error: {e}")
     print(f"wrote {args.output}", file=sys.stderr)
 
 

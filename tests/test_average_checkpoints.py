@@ -171,3 +171,141 @@ def test_average_of_trained_checkpoints_loads_in_fairseq_generate(tiny_data_bin,
     n_test = sum(1 for _ in open(tiny_data_bin / "test.en"))
     assert gen.stdout.count("\nH-") + gen.stdout.startswith("H-") == n_test
     assert "Generate test with beam=4" in gen.stdout
+
+
+# --- refusals and interrupted or failed writes -------------------------------------------------
+
+def _rope_checkpoint(path, seed, **options):
+    """A checkpoint whose saved model configuration has RoPE options (defaults unless given)."""
+    state = {
+        "model": collections.OrderedDict(random_params(seed)),
+        "cfg": {"model": argparse.Namespace(**{"arch": "transformer_rope_tiny", "encoder_embed_dim": 64,
+                                               "encoder_attention_heads": 2, "dropout": 0.1, **options})},
+        "optimizer_history": [{"num_updates": seed}],
+        "last_optimizer_state": None,
+    }
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("option, a, b", [
+    ("rope_layout", "interleaved", "half"),
+    ("rope_theta", 10000.0, 500.0),
+    ("rope_fraction", 1.0, 0.5),
+    ("rope_values", False, True),
+    ("attention_kind", "softmax", "linear"),
+    ("encoder_attention_heads", 2, 4),  # same shapes, other computation
+])
+def test_checkpoints_of_different_models_are_refused_naming_the_option(tmp_path, option, a, b):
+    first = _rope_checkpoint(tmp_path / "a.pt", 0, **{option: a})
+    second = _rope_checkpoint(tmp_path / "b.pt", 1, **{option: b})
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(first), str(second), "--output", str(tmp_path / "avg.pt")])
+    message = str(e.value)
+    assert f"{second} has {option} {b!r}, but {first} has {a!r}" in message
+    assert not (tmp_path / "avg.pt").exists()
+
+
+def test_unset_option_equals_its_default_and_training_only_options_may_differ(tmp_path):
+    first = _rope_checkpoint(tmp_path / "a.pt", 0)  # saved before rope_layout existed
+    second = _rope_checkpoint(tmp_path / "b.pt", 1, rope_layout="interleaved", dropout=0.3)
+    avg.main(["--inputs", str(first), str(second), "--output", str(tmp_path / "avg.pt")])
+    assert (tmp_path / "avg.pt").exists()
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+    good = make_checkpoint(tmp_path / "good.pt", random_params(0))
+    text = tmp_path / "notes.txt"
+    text.write_text("eeee\n" * 50)
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(good), str(text), "--output", str(tmp_path / "o.pt")])
+    assert f"cannot load {text}: not a checkpoint" in str(e.value)
+
+
+def test_an_input_that_is_a_symlink_to_the_output_is_refused(tmp_path):
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
+    link = tmp_path / "latest.pt"
+    link.symlink_to(paths[1])
+    before = paths[1].read_bytes()
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", str(paths[0]), str(link), "--output", str(paths[1])])
+    assert "is one of the inputs" in str(e.value)
+    assert paths[1].read_bytes() == before
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4160")])
+def test_full_disk_is_one_line_with_the_path(tmp_path, monkeypatch, error):
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
+
+    def disk_full(obj, f, *args, **kwargs):
+        f.write(b"\0" * 4096)
+        raise error
+
+    monkeypatch.setattr(avg.torch, "save", disk_full)
+    out = tmp_path / "avg.pt"
+    with pytest.raises(SystemExit) as e:
+        avg.main(["--inputs", *map(str, paths), "--output", str(out)])
+    assert f"no space left on device while writing {out}" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]
+
+
+HANG_WHILE_WRITING = """
+import sys, time, torch
+sys.path.insert(0, {scripts!r})
+import average_checkpoints as avg
+real_save = torch.save
+def save_half_then_hang(obj, f, *args, **kwargs):
+    real_save(obj, f, *args, **kwargs)
+    f.truncate(f.tell() // 2)
+    f.flush()
+    print("WRITING", flush=True)
+    time.sleep(600)
+avg.torch.save = save_half_then_hang
+avg.main(sys.argv[1:])
+"""
+
+
+def _average_until_writing(tmp_path, paths, out):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG_WHILE_WRITING.format(scripts=str(REPO / "scripts")),
+         "--inputs", *map(str, paths), "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "WRITING", proc.stderr.read()
+    return proc
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_terminated_write_leaves_no_temporary_file(tmp_path, sig):
+    import signal
+
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
+    out = tmp_path / "avg.pt"
+    proc = _average_until_writing(tmp_path, paths, out)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # the partial exists
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]
+
+
+def test_partial_from_sigkill_is_never_taken_for_a_checkpoint(tmp_path):
+    import signal
+
+    for update in (10, 20):
+        _constant_checkpoint(tmp_path / f"checkpoint_1_{update}.pt", update)
+    out = tmp_path / "checkpoint_1_30.pt"  # the worst name for an output: a checkpoint's
+    proc = _average_until_writing(tmp_path, [tmp_path / "checkpoint_1_10.pt", tmp_path / "checkpoint_1_20.pt"], out)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    partial = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(partial) == 1 and partial[0].name.startswith(".checkpoint_1_30.pt.") and not out.exists()
+    # directory selection ignores it; the next write of that output removes it
+    assert avg.last_n_checkpoints(str(tmp_path), 2, update_based=True) == [
+        str(tmp_path / "checkpoint_1_20.pt"), str(tmp_path / "checkpoint_1_10.pt")]
+    avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "avg.pt")])
+    avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(out)])
+    assert not partial[0].exists() and torch.load(out)["model"]["w"][0, 0].item() == 15.0

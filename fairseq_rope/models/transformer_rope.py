@@ -22,6 +22,7 @@ from fairseq.models.transformer import (
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from ..model_options import ROPE_INFERENCE_DEFAULTS, ROPE_TRAINED_DEFAULTS, OptionError, fill_defaults
 from ..modules.linear_rotary_attention import LinearRotaryAttention
 from ..modules.rotary import LAYOUTS, SCALINGS, check_scaling, rotary_dim_for
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention, check_rope_options
@@ -74,11 +75,11 @@ class RopeOptions:
         check_rope_options(self.theta, self.layout)
         check_scaling(self.scaling, self.scaling_factor, self.scaling_original_length)
         if self.attention_kind not in ATTENTION_KINDS:
-            raise ValueError(
+            raise OptionError(
                 f"--attention-kind must be one of {', '.join(ATTENTION_KINDS)}; got {self.attention_kind!r}"
             )
         if self.values and self.attention_kind == "linear":
-            raise ValueError("--rope-values cannot be combined with --attention-kind linear")
+            raise OptionError("--rope-values cannot be combined with --attention-kind linear")
         for side in ("encoder", "decoder"):
             embed_dim = getattr(args, f"{side}_embed_dim")
             heads = getattr(args, f"{side}_attention_heads")
@@ -119,7 +120,7 @@ class RotaryTransformerDecoderLayer(TransformerDecoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if cfg.cross_self_attention:
-            raise ValueError("--cross-self-attention is not supported by transformer_rope")
+            raise OptionError("--cross-self-attention is not supported by transformer_rope")
         kwargs = dict(causal=True) if self.rope.attention_kind == "linear" else {}
         return self.rope.self_attention_class()(
             embed_dim,
@@ -203,8 +204,7 @@ class TransformerRopeModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        transformer_rope_base(args)  # fills what an older checkpoint may lack
-        RopeOptions.from_args(args).validate(args)
+        transformer_rope_base(args)  # fills what an older checkpoint may lack, checks overrides
         return super().build_model(args, task)
 
     @classmethod
@@ -218,24 +218,19 @@ class TransformerRopeModel(TransformerModel):
         )
 
 
-def _rope_defaults(args):
-    args.rope_theta = getattr(args, "rope_theta", 10000.0)
-    args.rope_fraction = getattr(args, "rope_fraction", 1.0)
-    args.rope_layout = getattr(args, "rope_layout", "interleaved")
-    args.rope_cross_attention = getattr(args, "rope_cross_attention", False)
-    args.rope_values = getattr(args, "rope_values", False)
-    args.attention_kind = getattr(args, "attention_kind", "softmax")
-    args.rope_scaling = getattr(args, "rope_scaling", "none")
-    args.rope_scaling_factor = getattr(args, "rope_scaling_factor", 1.0)
-    args.rope_scaling_original_length = getattr(args, "rope_scaling_original_length", 0)
+def _rope_architecture(args, transformer_architecture):
+    """Fill the RoPE defaults, then fairseq's architecture, then check every RoPE option: fairseq's
+    parser calls this before any data is read, and build_model again after --model-overrides."""
+    fill_defaults(args, {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS})
     # RoPE replaces absolute positions: nothing is added to the token embeddings.
     args.no_token_positional_embeddings = True
+    transformer_architecture(args)
+    RopeOptions.from_args(args).validate(args)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope")
 def transformer_rope_base(args):
-    _rope_defaults(args)
-    base_architecture(args)
+    _rope_architecture(args, base_architecture)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_wmt_en_de")
@@ -245,17 +240,14 @@ def transformer_rope_wmt_en_de(args):
 
 @register_model_architecture("transformer_rope", "transformer_rope_vaswani_wmt_en_de_big")
 def transformer_rope_vaswani_wmt_en_de_big(args):
-    _rope_defaults(args)
-    transformer_vaswani_wmt_en_de_big(args)
+    _rope_architecture(args, transformer_vaswani_wmt_en_de_big)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_iwslt_de_en")
 def transformer_rope_iwslt_de_en(args):
-    _rope_defaults(args)
-    transformer_iwslt_de_en(args)
+    _rope_architecture(args, transformer_iwslt_de_en)
 
 
 @register_model_architecture("transformer_rope", "transformer_rope_tiny")
 def transformer_rope_tiny(args):
-    _rope_defaults(args)
-    tiny_architecture(args)
+    _rope_architecture(args, tiny_architecture)

@@ -16,6 +16,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from ..model_options import RPE_TRAINED_DEFAULTS, OptionError, fill_defaults
 from ..modules.relative_position_attention import RelativePositionMultiheadAttention, check_max_distance
 from .transformer_rope import _wrap_layer
 
@@ -44,7 +45,7 @@ class RelativeTransformerDecoderLayer(TransformerDecoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if cfg.cross_self_attention:
-            raise ValueError("--cross-self-attention is not supported by transformer_rpe")
+            raise OptionError("--cross-self-attention is not supported by transformer_rpe")
         return RelativePositionMultiheadAttention(
             embed_dim,
             cfg.decoder.attention_heads,
@@ -85,8 +86,7 @@ class TransformerRpeModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        transformer_rpe_base(args)  # fills what an older checkpoint may lack
-        check_max_distance(args.rpe_max_distance)
+        transformer_rpe_base(args)  # fills what an older checkpoint may lack, checks overrides
         return super().build_model(args, task)
 
     @classmethod
@@ -100,16 +100,18 @@ class TransformerRpeModel(TransformerModel):
         )
 
 
-def _rpe_defaults(args):
-    args.rpe_max_distance = getattr(args, "rpe_max_distance", 16)
+def _rpe_architecture(args, transformer_architecture):
+    """Defaults, fairseq's architecture, then the check (as for transformer_rope)."""
+    fill_defaults(args, RPE_TRAINED_DEFAULTS)
     # relative representations replace absolute positions
     args.no_token_positional_embeddings = True
+    transformer_architecture(args)
+    check_max_distance(args.rpe_max_distance)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe")
 def transformer_rpe_base(args):
-    _rpe_defaults(args)
-    base_architecture(args)
+    _rpe_architecture(args, base_architecture)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_wmt_en_de")
@@ -119,5 +121,4 @@ def transformer_rpe_wmt_en_de(args):
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_tiny")
 def transformer_rpe_tiny(args):
-    _rpe_defaults(args)
-    tiny_architecture(args)
+    _rpe_architecture(args, tiny_architecture)

@@ -14,6 +14,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from ..model_options import OptionError
 from .rotary import new_token_positions
 from .rotary_multihead_attention import append_to_cache
 
@@ -124,4 +125,4 @@ class RelativePositionMultiheadAttention(MultiheadAttention):
 
 def check_max_distance(max_distance) -> None:
     if int(max_distance) != max_distance or max_distance < 1:
-        raise ValueError(f"--rpe-max-distance must be a positive integer, got {max_distance}")
+        raise OptionError(f"--rpe-max-distance must be a positive integer, got {max_distance}")

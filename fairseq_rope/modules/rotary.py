@@ -26,6 +26,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from ..model_options import OptionError
+
 LAYOUTS = ("interleaved", "half")
 
 
@@ -33,11 +35,11 @@ def rotary_dim_for(head_dim: int, fraction: float) -> int:
     """Number of channels of each head that rotate; must be a positive even integer."""
     rotary = head_dim * fraction
     if not (0.0 < fraction <= 1.0):
-        raise ValueError(
+        raise OptionError(
             f"--rope-fraction must be in (0, 1], got {fraction}"
         )
     if abs(rotary - round(rotary)) > 1e-6 or int(round(rotary)) % 2 != 0 or round(rotary) == 0:
-        raise ValueError(
+        raise OptionError(
             f"--rope-fraction {fraction} rotates {rotary:g} of the {head_dim} dimensions of each "
             f"attention head; RoPE rotates pairs of dimensions, so head_dim x fraction must be a "
             f"positive even integer (for example --rope-fraction {2 * max(1, head_dim // 4) / head_dim:g})"
@@ -56,11 +58,18 @@ SCALINGS = ("none", "linear", "ntk", "yarn")
 
 def check_scaling(scaling: str, factor: float, original_length: int = 0) -> None:
     if scaling not in SCALINGS:
-        raise ValueError(f"--rope-scaling must be one of {', '.join(SCALINGS)}; got {scaling!r}")
-    if not factor >= 1.0:
-        raise ValueError(f"--rope-scaling-factor must be >= 1, got {factor}")
+        raise OptionError(f"--rope-scaling must be one of {', '.join(SCALINGS)}; got {scaling!r}")
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise OptionError(f"--rope-scaling-factor must be a finite number >= 1, got {factor}")
+    if scaling == "none" and factor != 1.0:
+        raise OptionError(
+            f"--rope-scaling-factor {factor:g} has no effect with --rope-scaling none: "
+            "choose --rope-scaling linear, ntk or yarn, or drop the factor"
+        )
+    if int(original_length) != original_length or original_length < 0:
+        raise OptionError(f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}")
     if scaling == "yarn" and not original_length > 0:
-        raise ValueError(
+        raise OptionError(
             "--rope-scaling yarn needs --rope-scaling-original-length (the longest sequence, "
             f"in tokens, seen in training), got {original_length}"
         )

@@ -9,6 +9,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..model_options import OptionError, check_finite_positive
 from .fused_rotary import can_fuse, fused_available, fused_rotate
 from .rotary import (
     LAYOUTS,
@@ -432,7 +433,6 @@ def append_to_cache(
 
 
 def check_rope_options(theta: float, layout: str) -> None:
-    if not theta > 0:
-        raise ValueError(f"--rope-theta must be positive, got {theta}")
+    check_finite_positive("--rope-theta", theta)
     if layout not in LAYOUTS:
-        raise ValueError(f"--rope-layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+        raise OptionError(f"--rope-layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")

@@ -1,0 +1,195 @@
+"""Checkpoints that survive a kill, and runs that resume from what is on disk.
+
+fairseq 0.12 saves the first checkpoint of a step through ``name.tmp`` and a rename, without an
+fsync, then makes ``checkpoint_last.pt`` and ``checkpoint_best.pt`` by copying it in place: a
+kill during that copy leaves a truncated ``checkpoint_last.pt`` that the next run cannot load.
+Importing the plugin (:func:`make_fairseq_checkpoints_safe`) makes every checkpoint write
+atomic (hidden temporary file in the same directory, fsync, rename, fsync of the directory),
+lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
+checkpoint, and refuses ``--model-overrides`` that would change a trained model.
+"""
+
+import copy
+import errno
+import glob
+import logging
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+
+from .model_options import INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config
+
+logger = logging.getLogger(__name__)
+
+
+def _temporary_name(path: str) -> str:
+    """A hidden name beside ``path`` that matches no checkpoint pattern (``.NAME.XXXX.tmp``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    return tmp
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str) -> None:
+    """Delete what a killed write of ``path`` left behind (SIGKILL runs no clean-up)."""
+    pattern = os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))),
+                           f".{glob.escape(os.path.basename(path))}.*.tmp")
+    for stale in glob.glob(pattern):
+        try:
+            os.unlink(stale)
+        except FileNotFoundError:
+            pass
+
+
+def write_atomically(path: str, write) -> None:
+    """``write(tmp_path)`` then fsync and rename onto ``path``: ``path`` is either its old
+    content or the complete new one. The temporary file is removed on any exception
+    (KeyboardInterrupt and SystemExit included); a full disk is reported with the path."""
+    path = os.fspath(path)
+    tmp = _temporary_name(path)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if _is_disk_full(e):
+            raise OSError(errno.ENOSPC, f"no space left on device while writing {path}") from e
+        raise
+    _fsync_directory(os.path.dirname(os.path.abspath(path)))
+    remove_stale_temporaries(path)
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    # torch.save reports ENOSPC as a RuntimeError ("... unexpected pos ..."), without errno
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
+
+
+def save_checkpoint_atomically(obj, path: str) -> None:
+    def save(tmp):
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+
+    write_atomically(path, save)
+
+
+def copy_atomically(src: str, dst: str) -> None:
+    write_atomically(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+def is_readable_checkpoint(path: str) -> bool:
+    """A complete torch zip archive: a truncated file has lost its central directory, which
+    torch.save writes last. Cheap: the tensors are not read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/data.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _updates(path: str) -> int:
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True)
+        return int(state["optimizer_history"][-1]["num_updates"])
+    except Exception:  # noqa: BLE001 - any checkpoint we cannot date sorts last
+        return -1
+
+
+def newest_readable_checkpoint(directory: str, exclude: str):
+    """The readable ``checkpoint*.pt`` of ``directory`` with the most updates, other than
+    ``exclude``; None if there is none. Of equals, a numbered checkpoint (``checkpoint_E_U.pt``,
+    ``checkpointE.pt``) is named rather than a copy such as ``checkpoint_best.pt``."""
+    candidates = [
+        path for path in glob.glob(os.path.join(glob.escape(directory), "checkpoint*.pt"))
+        if os.path.abspath(path) != os.path.abspath(exclude) and is_readable_checkpoint(path)
+    ]
+    if not candidates:
+        return None
+    numbered = re.compile(r"checkpoint(_\d+)?_?\d+\.pt")
+    return max(candidates, key=lambda path: (_updates(path), bool(numbered.fullmatch(os.path.basename(path))),
+                                             os.path.getmtime(path)))
+
+
+class _AtomicCopyPathManager(PathManager):
+    """fairseq's PathManager whose local copies are atomic (used by fairseq's save_checkpoint)."""
+
+    @staticmethod
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if PathManager.path_requires_pathmanager(dst_path) or (not overwrite and os.path.exists(dst_path)):
+            return PathManager.copy(src_path, dst_path, overwrite=overwrite)
+        copy_atomically(src_path, dst_path)
+        return True
+
+
+def _torch_persistent_save(torch_persistent_save):
+    def save(obj, filename, async_write: bool = False):
+        if async_write or not isinstance(filename, str) or PathManager.path_requires_pathmanager(filename):
+            return torch_persistent_save(obj, filename, async_write=async_write)
+        save_checkpoint_atomically(obj, filename)
+
+    return save
+
+
+def _resume_falls_back(load_checkpoint):
+    def load_checkpoint_or_newest_readable(cfg, trainer, **passthrough_args):
+        last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+        if cfg.restore_file == "checkpoint_last.pt" and os.path.isfile(last) and not is_readable_checkpoint(last):
+            fallback = newest_readable_checkpoint(cfg.save_dir, exclude=last)
+            if fallback is None:
+                raise RuntimeError(
+                    f"{last} is unreadable (truncated?) and {cfg.save_dir} holds no other readable "
+                    "checkpoint: delete it to train from scratch, or pass --restore-file FILE"
+                )
+            logger.warning(f"{last} is unreadable (truncated?); resuming from {fallback}, "
+                           "the newest readable checkpoint")
+            cfg = copy.deepcopy(cfg)
+            cfg.restore_file = fallback
+        return load_checkpoint(cfg, trainer, **passthrough_args)
+
+    return load_checkpoint_or_newest_readable
+
+
+def _overrides_checked(load_checkpoint_to_cpu):
+    def load_checkpoint_to_cpu_checked(path, arg_overrides=None, load_on_all_ranks=False):
+        plugin = {k: v for k, v in (arg_overrides or {}).items() if is_plugin_option(k)}
+        if plugin:
+            # an allowed override of a trained option restates its value: applying it is a no-op
+            arg_overrides = {k: v for k, v in arg_overrides.items() if k not in plugin}
+            arg_overrides.update({k: v for k, v in plugin.items() if k in INFERENCE_OPTIONS})
+        state = load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+        if plugin:
+            check_model_overrides(model_config(state), plugin, path)
+        return state
+
+    return load_checkpoint_to_cpu_checked
+
+
+def make_fairseq_checkpoints_safe() -> None:
+    if getattr(checkpoint_utils, "checkpoints_made_safe", False):
+        return
+    checkpoint_utils.torch_persistent_save = _torch_persistent_save(checkpoint_utils.torch_persistent_save)
+    checkpoint_utils.PathManager = _AtomicCopyPathManager
+    checkpoint_utils.load_checkpoint = _resume_falls_back(checkpoint_utils.load_checkpoint)
+    checkpoint_utils.load_checkpoint_to_cpu = _overrides_checked(checkpoint_utils.load_checkpoint_to_cpu)
+    checkpoint_utils.checkpoints_made_safe = True

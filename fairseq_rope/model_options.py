@@ -1,0 +1,153 @@
+"""The plugin's model options: their defaults, which ones define a trained model, and their errors.
+
+* Options that define a trained model (``rope_theta``, ``rope_layout``, ``rpe_max_distance``, ...)
+  are fixed by training: ``--model-overrides`` may restate them but never change them, since
+  the weights were learned for those values.
+* Inference options (``rope_scaling*``) choose how a trained model runs on longer inputs and may
+  change at generate time.
+* A bad value is an :class:`OptionError`. fairseq's argument parser meets it when it applies the
+  architecture defaults, i.e. before any data is read; a fairseq command that does not catch it
+  prints it as one line and exits with 2, as argparse does.
+"""
+
+import math
+import os
+import sys
+
+ROPE_TRAINED_DEFAULTS = {
+    "rope_theta": 10000.0,
+    "rope_fraction": 1.0,
+    "rope_layout": "interleaved",
+    "rope_cross_attention": False,
+    "rope_values": False,
+    "attention_kind": "softmax",
+}
+ROPE_INFERENCE_DEFAULTS = {
+    "rope_scaling": "none",
+    "rope_scaling_factor": 1.0,
+    "rope_scaling_original_length": 0,
+}
+RPE_TRAINED_DEFAULTS = {"rpe_max_distance": 16}
+
+# registered model name -> every option the plugin adds to it, with its default
+PLUGIN_MODEL_OPTIONS = {
+    "transformer_rope": {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS},
+    "transformer_rpe": dict(RPE_TRAINED_DEFAULTS),
+}
+INFERENCE_OPTIONS = frozenset(ROPE_INFERENCE_DEFAULTS)
+
+# What, besides the plugin's own options, changes what a checkpoint's weights compute.
+COMPUTATION_OPTIONS = (
+    "arch",
+    "activation_fn",
+    "encoder_embed_dim", "decoder_embed_dim",
+    "encoder_ffn_embed_dim", "decoder_ffn_embed_dim",
+    "encoder_layers", "decoder_layers",
+    "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_normalize_before", "decoder_normalize_before",
+    "encoder_learned_pos", "decoder_learned_pos",
+    "no_token_positional_embeddings", "no_scale_embedding", "layernorm_embedding",
+    "share_all_embeddings", "share_decoder_input_output_embed",
+    "decoder_output_dim", "cross_self_attention", "no_cross_attention",
+)
+
+
+class OptionError(ValueError):
+    """A model option with a value the plugin cannot use; the message names the flag."""
+
+
+def fill_defaults(args, defaults) -> None:
+    """Set each option the command line (or an older checkpoint) left unset."""
+    for name, default in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+
+
+def check_finite_positive(flag: str, value) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise OptionError(f"{flag} must be a finite positive number, got {value}")
+
+
+def plugin_model_name(arch):
+    """'transformer_rope' for every transformer_rope* architecture (likewise rpe); else None."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    name = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
+    return name if name in PLUGIN_MODEL_OPTIONS else None
+
+
+def _get(model_cfg, name, default=None):
+    if isinstance(model_cfg, dict):
+        return model_cfg.get(name, default)
+    try:
+        return getattr(model_cfg, name, default)
+    except Exception:  # noqa: BLE001 - omegaconf raises on missing keys of structured configs
+        return default
+
+
+def model_config(state):
+    """The model configuration saved in a fairseq checkpoint (``cfg.model`` or legacy ``args``)."""
+    cfg = state.get("cfg")
+    model_cfg = _get(cfg, "model") if cfg is not None else None
+    return model_cfg if model_cfg is not None else state.get("args")
+
+
+def computation_options(model_cfg) -> dict:
+    """Every option of a saved model configuration that changes what its weights compute."""
+    arch = _get(model_cfg, "arch") or _get(model_cfg, "_name")
+    values = {name: _get(model_cfg, name) for name in COMPUTATION_OPTIONS}
+    values["arch"] = arch
+    for name, default in PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {}).items():
+        value = _get(model_cfg, name)
+        values[name] = default if value is None else value
+    return values
+
+
+def is_plugin_option(name: str) -> bool:
+    return name.startswith(("rope_", "rpe_")) or name == "attention_kind"
+
+
+def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
+    """Refuse overrides that would run a checkpoint as a model it was not trained as.
+
+    ``overrides`` holds only plugin options (see :func:`is_plugin_option`). Inference options
+    may take any value; an option that defines the trained model may only restate the
+    checkpoint's value; a name the checkpoint's model does not have is refused, not ignored.
+    """
+    arch = _get(model_cfg, "arch") or _get(model_cfg, "_name")
+    known = PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {})
+    for name, value in overrides.items():
+        if name not in known:
+            raise OptionError(
+                f"--model-overrides: {name!r} is not an option of {arch} checkpoints ({checkpoint}); "
+                f"known: {', '.join(sorted(known)) or 'none'}"
+            )
+        if name in INFERENCE_OPTIONS:
+            continue
+        trained = _get(model_cfg, name)
+        trained = known[name] if trained is None else trained
+        if value != trained:
+            raise OptionError(
+                f"--model-overrides: {name}={value!r} differs from the value {checkpoint} was trained "
+                f"with ({name}={trained!r}); it defines the trained model and cannot change at "
+                f"inference (only {', '.join(sorted(INFERENCE_OPTIONS))} can)"
+            )
+
+
+def print_option_errors_as_one_line() -> None:
+    """An OptionError that reaches the top of a command is printed as ``PROG: error: MESSAGE``
+    with exit code 2, like argparse's errors, instead of a traceback."""
+    previous = sys.excepthook
+    if getattr(previous, "prints_option_errors", False):
+        return
+
+    def excepthook(exc_type, exc, traceback):
+        if not issubclass(exc_type, OptionError):
+            return previous(exc_type, exc, traceback)
+        sys.stdout.flush()
+        sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
+        sys.stderr.flush()
+        os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
+
+    excepthook.prints_option_errors = True
+    sys.excepthook = excepthook
