@@ -35,8 +35,27 @@ def compound_split(line: str) -> str:
 
 
 def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    """The lines of a UTF-8 text file, split only at ``\\n`` (a CRLF end is a plain end). A file that
+    is missing, unreadable or not valid UTF-8 stops the script with one line naming it (and the
+    line of the first invalid byte)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        sys.exit(f"error: cannot read {path}: {e.strerror}")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the file ends with "\n": no extra empty line
+    out = []
+    for number, raw in enumerate(lines, 1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            sys.exit(f"error: {path}: line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                     f"{e.start + 1} of the line)")
+    return out
 
 
 def moses_tokenize(lines, lang):
@@ -92,6 +111,8 @@ def main(argv=None):
 
     hyps, refs = read_lines(args.hyp), read_lines(args.ref)
     _check_same_length(hyps, refs, args.hyp, args.ref)
+    if not hyps:
+        sys.exit(f"error: {args.hyp} and {args.ref} are empty: there is nothing to score")
     if args.tokenize:
         hyps, refs = moses_tokenize(hyps, args.lang), moses_tokenize(refs, args.lang)
     tok_score, _ = tokenized_bleu(hyps, refs)

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,31 @@ def test_cli_refuses_files_of_different_length(tmp_path):
     with pytest.raises(SystemExit) as e:
         score_bleu.main(["--hyp", str(hyp), "--ref", str(ref)])
     assert "2 lines" in str(e.value) and "ref" in str(e.value)
+
+
+def _run(*args):
+    from conftest import run_cli
+
+    return run_cli([sys.executable, REPO / "scripts" / "score_bleu.py", *args], check=False, timeout=120)
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])
+
+
+def test_cli_bad_files_are_one_clear_line(tmp_path):
+    hyp = _write(tmp_path / "hyp", ["a b c", "d e f"])
+    ref = _write(tmp_path / "ref", ["a b c", "d e f"])
+    empty_hyp, empty_ref = _write(tmp_path / "empty.hyp", []), _write(tmp_path / "empty.ref", [])
+    _one_line_error(_run("--hyp", empty_hyp, "--ref", empty_ref), empty_hyp, empty_ref, "empty")
+    missing = tmp_path / "no-such-file"
+    _one_line_error(_run("--hyp", missing, "--ref", ref), missing, "No such file")
+    _one_line_error(_run("--hyp", hyp, "--ref", ref, "--raw-ref", missing), missing)
+    latin1 = tmp_path / "ref.latin1"
+    latin1.write_bytes(b"a b c\nd \xe9 f\n")
+    _one_line_error(_run("--hyp", hyp, "--ref", latin1), f"{latin1}: line 2", "UTF-8")

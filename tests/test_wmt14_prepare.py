@@ -3,6 +3,7 @@ extraction, SGML stripping, normalisation and tokenisation, cleaning, BPE, binar
 does nothing; a truncated archive is reported by name and leaves nothing a rerun would trust."""
 
 import io
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -193,3 +194,205 @@ def test_bring_your_own_corpus_with_sentencepiece(tmp_path):
     pieces = _lines(work / "bpe/test.de")
     assert any("\u2581" in line for line in pieces)
     assert ["".join(line.split()).replace("\u2581", " ").strip() for line in pieces] == _lines(work / "tok/test.de")
+
+
+# --- bad input: line breaks inside lines, invalid UTF-8, stale outputs, argument errors -------
+
+_tt_spec = importlib.util.spec_from_file_location("text_tools", REPO / "examples" / "wmt14_en_de" / "text_tools.py")
+tt = importlib.util.module_from_spec(_tt_spec)
+_tt_spec.loader.exec_module(tt)
+
+# (split, language, 0-based line): a character that some tool takes for a line break, put in
+# place of a space in the middle of that line; \r on both sides (on different lines) is the case
+# where a tool splitting there keeps the line counts equal and silently pairs wrong sentences
+BREAKS = {("train", "en", 5): "\r", ("train", "de", 12): "\r", ("train", "de", 20): "\u2028",
+          ("train", "de", 30): "\x85", ("train", "en", 40): "\f", ("train", "en", 41): "\v",
+          ("train", "de", 42): "\x1c", ("valid", "en", 3): "\u2029", ("valid", "de", 4): "\x1e"}
+CRLF = ("train", "en", 50)  # this line ends with \r\n
+
+
+def _write_corpus(directory, data, edit=None):
+    """Write {split: [(en, de), ...]} as directory/split.{en,de}; edit(split, lang, i, line) -> bytes
+    of the line including its end."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, pairs in data.items():
+        for side, lang in enumerate(("en", "de")):
+            lines = [(edit or (lambda s, lg, i, line: (line + "\n").encode()))(split, lang, i, p[side])
+                     for i, p in enumerate(pairs)]
+            (directory / f"{split}.{lang}").write_bytes(b"".join(lines))
+    return directory
+
+
+def _with_breaks(split, lang, i, line):
+    ch = BREAKS.get((split, lang, i))
+    if ch is not None:
+        middle = line.index(" ", len(line) // 3)
+        line = line[:middle] + ch + line[middle + 1:]
+    return (line + ("\r\n" if (split, lang, i) == CRLF else "\n")).encode("utf-8")
+
+
+def _prepare_byo(work, corpus, *args, train=None, check=True, env=None):
+    return run_cli(["bash", PREPARE, "--work-dir", work, "--train-prefix", train or corpus / "train",
+                    "--valid-prefix", corpus / "valid", "--test-prefix", corpus / "test",
+                    "--bpe-size", "200", "--workers", "1", *args], check=check, env=env, timeout=300)
+
+
+def _mtimes(work, *dirs):
+    return {p: p.stat().st_mtime_ns for d in dirs for p in (work / d).rglob("*") if p.is_file()}
+
+
+def test_normalize_splits_only_at_newline(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes("one\r\ntwo\rthree\n four\u2028five\x85six\fseven\veight\x1cnine\x1d\x1eten\u2029\nlast"
+                  .encode("utf-8"))
+    b.write_bytes(b"x\n")
+    out = tmp_path / "out"
+    tt.main(["normalize", "--output", str(out), str(a), str(b)])
+    # a CRLF end is a plain end, every other break inside a line a space; a last line without
+    # "\n" is a line, a final "\n" adds no empty line
+    assert out.read_bytes().decode("utf-8") == "one\ntwo three\n four five six seven eight nine  ten \nlast\nx\n"
+
+
+@pytest.mark.parametrize("cmd", ["normalize", "sgm2txt", "tokenize", "detokenize", "clean"])
+def test_text_tools_stop_at_invalid_utf8(tmp_path, capsys, cmd):
+    bad = tmp_path / "in.en"
+    bad.write_bytes(b'<seg id="1">fine</seg>\n<seg id="2">caf\xe9</seg>\n')
+    (tmp_path / "in.de").write_bytes(b"gut\ngut\n")
+    out = tmp_path / "out"
+    argv = {"normalize": ["normalize", "--output", str(out), str(bad)],
+            "sgm2txt": ["sgm2txt", str(bad), str(out)],
+            "tokenize": ["tokenize", "--lang", "en", str(bad), str(out)],
+            "detokenize": ["detokenize", "--lang", "en", str(bad), str(out)],
+            "clean": ["clean", "--src", "en", "--tgt", "de", str(tmp_path / "in"), str(out)]}[cmd]
+    with pytest.raises(SystemExit) as e:
+        tt.main(argv)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert f"error: {bad}: line 2: invalid UTF-8 (byte 0xe9" in err and "--replace-invalid-utf8" in err
+    assert not list(tmp_path.glob("out*"))
+    tt.main([argv[0], "--replace-invalid-utf8", *argv[1:]])
+    assert f"{bad}: replaced invalid UTF-8 with U+FFFD in 1 line (first: line 2)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def byo_breaks(tmp_path_factory):
+    """Your own corpus with line-break characters inside lines, prepared once."""
+    root = tmp_path_factory.mktemp("byo_breaks")
+    data = gc.generate(seed=5, sizes=[("train", 300), ("valid", 20), ("test", 20)])
+    corpus = _write_corpus(root / "corpus", data, _with_breaks)
+    work = root / "work"
+    proc = _prepare_byo(work, corpus)
+    return root, data, corpus, work, proc
+
+
+def test_line_breaks_inside_lines_keep_pairs_aligned(byo_breaks):
+    _, data, corpus, work, proc = byo_breaks
+    assert f"{corpus}/train.en: 3 lines had line-break characters" in proc.stderr
+    assert f"{corpus}/train.de: 4 lines had line-break characters" in proc.stderr
+    for split, pairs in data.items():
+        for side, lang in enumerate(("en", "de")):
+            # raw/: the original sentences (the breaks replaced a space), line for line
+            assert _lines(work / f"raw/{split}.{lang}") == [p[side] for p in pairs], (split, lang)
+            # tok/: line i is the tokenization of sentence i
+            tt._init_tokenizer(lang)
+            assert _lines(work / f"tok/{split}.{lang}") == [tt.tokenize_line(p[side]) for p in pairs], (split, lang)
+    tok_pairs = set(zip(_lines(work / "tok/train.en"), _lines(work / "tok/train.de")))
+    clean = list(zip(_lines(work / "clean/train.en"), _lines(work / "clean/train.de")))
+    assert len(clean) > 250 and all(pair in tok_pairs for pair in clean)
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            source = work / ("clean" if split == "train" else "tok") / f"{split}.{lang}"
+            assert [line.replace("@@ ", "") for line in _lines(work / f"bpe/{split}.{lang}")] == _lines(source)
+
+
+def test_rerun_with_other_bpe_size_rebuilds_bpe_and_data_bin_only(byo_breaks, tmp_path):
+    root, _, corpus, work0, _ = byo_breaks
+    work = tmp_path / "work"
+    shutil.copytree(work0, work)  # keeps mtimes; the records do not depend on where WORK_DIR is
+    kept = _mtimes(work, "raw", "tok", "clean")
+    codes = (work / "bpe/codes").read_text(encoding="utf-8")
+    done = (work / "data-bin/.done").stat().st_mtime_ns
+    proc = _prepare_byo(work, corpus, "--bpe-size", "250")
+    for step in ("raw", "tok", "clean"):
+        assert f"{step}: complete, skipping" in proc.stderr
+    assert "bpe: options changed (BPE_SIZE 200 -> 250), rebuilding" in proc.stderr
+    assert re.search(r"data-bin: inputs changed \(bpe/[^)]*\), rebuilding", proc.stderr)
+    assert "fairseq-preprocess --joined" in proc.stderr
+    assert _mtimes(work, "raw", "tok", "clean") == kept
+    new_codes = (work / "bpe/codes").read_text(encoding="utf-8")
+    assert new_codes != codes and len(new_codes.splitlines()) > len(codes.splitlines())
+    assert (work / "data-bin/bpe.codes").read_text(encoding="utf-8") == new_codes
+    assert (work / "data-bin/.done").stat().st_mtime_ns != done
+    # and the same options again: nothing to do
+    proc = _prepare_byo(work, corpus, "--bpe-size", "250")
+    for step in ("raw", "tok", "clean", "bpe", "data-bin"):
+        assert f"{step}: complete, skipping" in proc.stderr
+
+
+def test_rerun_with_other_train_files_rebuilds_everything(byo_breaks, tmp_path):
+    _, _, corpus, work0, _ = byo_breaks
+    work = tmp_path / "work"
+    shutil.copytree(work0, work)
+    other = gc.generate(seed=6, sizes=[("train", 280)])
+    corpus2 = _write_corpus(tmp_path / "corpus2", other)
+    proc = _prepare_byo(work, corpus, train=corpus2 / "train")
+    assert (f"raw: inputs changed (train.en is now {corpus2}/train.en, was {corpus}/train.en, "
+            f"train.de is now {corpus2}/train.de") in proc.stderr
+    assert "tok: inputs changed (raw/train.en, raw/train.de), rebuilding" in proc.stderr
+    assert "clean: inputs changed (tok/train.en, tok/train.de), rebuilding" in proc.stderr
+    assert "bpe: inputs changed (clean/train.en, clean/train.de), rebuilding" in proc.stderr
+    assert "data-bin: inputs changed" in proc.stderr
+    assert "complete, skipping" not in proc.stderr
+    assert _lines(work / "raw/train.de") == [d for _, d in other["train"]]
+    assert len(_lines(work / "tok/train.en")) == 280
+    assert [line.replace("@@ ", "") for line in _lines(work / "bpe/train.de")] == _lines(work / "clean/train.de")
+
+
+def test_invalid_utf8_stops_with_file_and_line(tmp_path):
+    data = gc.generate(seed=7, sizes=[("train", 150), ("valid", 10), ("test", 10)])
+
+    def latin1(split, lang, i, line):
+        if (split, lang) == ("train", "de") and i in (6, 8):
+            return line.encode("latin-1", errors="replace") + b" caf\xe9\n"  # Latin-1, not UTF-8
+        return (line + "\n").encode("utf-8")
+
+    corpus = _write_corpus(tmp_path / "corpus", data, latin1)
+    work = tmp_path / "work"
+    proc = _prepare_byo(work, corpus, check=False)
+    assert proc.returncode != 0
+    assert f"[prepare] error: {corpus}/train.de: line 7: invalid UTF-8" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (work / "raw").exists() and not (work / "data-bin").exists()
+    proc = _prepare_byo(work, corpus, "--replace-invalid-utf8")
+    assert f"{corpus}/train.de: replaced invalid UTF-8 with U+FFFD in 2 lines (first: line 7)" in proc.stderr
+    raw_de = _lines(work / "raw/train.de")
+    assert len(raw_de) == 150 and "\ufffd" in raw_de[6] and "\ufffd" in raw_de[8] and "\ufffd" not in raw_de[7]
+    assert (work / "data-bin/train.en-de.de.bin").exists()
+
+
+VALUE_OPTIONS = ["--work-dir", "--raw-dir", "--src", "--tgt", "--train-prefix", "--valid-prefix", "--test-prefix",
+                 "--bpe", "--bpe-size", "--bpe-vocab-threshold", "--clean-min", "--clean-max", "--clean-ratio",
+                 "--workers"]
+
+
+def test_argument_errors_are_one_line(tmp_path):
+    cases = [([opt], f"{opt} needs a value") for opt in VALUE_OPTIONS]
+    cases += [
+        (["--bpe-size", "--workers", "1"], "--bpe-size needs a value"),
+        (["--bpe-size", ""], "--bpe-size needs a value"),
+        (["--bpe-size", "4k"], "--bpe-size (BPE_SIZE) must be a positive whole number, not '4k'"),
+        (["--workers", "0"], "--workers (WORKERS) must be a positive whole number, not '0'"),
+        (["--clean-ratio", "x"], "--clean-ratio (CLEAN_RATIO) must be a positive number"),
+        (["--bogus"], "unknown option '--bogus'"),
+    ]
+    for args, message in cases:
+        proc = run_cli(["bash", PREPARE, "--work-dir", tmp_path / "work", *args], check=False)
+        assert proc.returncode != 0, args
+        assert proc.stderr.strip().splitlines() == [f"[prepare] error: {message}"] or \
+            (len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(f"[prepare] error: {message}")), \
+            (args, proc.stderr)
+        assert "unbound variable" not in proc.stderr
+    assert not (tmp_path / "work").exists()
+    proc = run_cli(["bash", PREPARE, "--work-dir", tmp_path / "work"], check=False,
+                   env={"BPE_SIZE": "many"})
+    assert proc.stderr.strip() == "[prepare] error: --bpe-size (BPE_SIZE) must be a positive whole number, not 'many'"

@@ -11,18 +11,41 @@
 # newstest2013 for validation, newstest2014 "full" (3003 sentences) for test. (fairseq's own
 # examples/translation/prepare-wmt14en2de.sh builds WMT17 data unless given --icml17.)
 #
-# Steps, each in its own directory under WORK_DIR, skipped when already complete:
+# Steps, each in its own directory under WORK_DIR, skipped when already complete for the same
+# inputs and options:
 #   orig/      the five archives, verified with gzip -t and tar -t
-#   raw/       extracted plain text train/valid/test.{SRC,TGT} (SGML stripped)
+#   raw/       extracted plain text train/valid/test.{SRC,TGT} (SGML stripped), one sentence per
+#              line: split only at \n, a CRLF end read as \n, and \r, \v, \f, \x1c-\x1e, U+0085,
+#              U+2028, U+2029 inside a line replaced by a space; strictly UTF-8 (an invalid byte
+#              stops the script with the file and line, unless --replace-invalid-utf8)
 #   tok/       punctuation normalisation, non-printing characters removed, Moses tokenisation
 #              with aggressive hyphen splitting (sacremoses)
 #   clean/     training pairs with 1..250 tokens per side and length ratio <= 1.5
 #   bpe/       joint BPE (subword-nmt, BPE_SIZE merges; or sentencepiece, BPE_SIZE pieces)
 #   data-bin/  fairseq-preprocess --joined-dictionary
 # A step builds into DIR.tmp and renames it to DIR after writing DIR.tmp/.done last, so an
-# interrupted run never leaves a directory that a rerun would trust.
+# interrupted run never leaves a directory that a rerun would trust. DIR/.done records the
+# options that shape the step and the size and sha256 of its input files; a rerun redoes a step
+# whose record differs, saying why, and with it every later step. After every step both sides
+# must still have as many lines as the step's input, or the script stops naming the files.
 #
-# Every option is also an environment variable (in brackets); flags win.
+# Options, each also an environment variable (in brackets); flags win:
+#   --work-dir DIR [WORK_DIR]          everything goes here (default work/wmt14_en_de)
+#   --raw-dir DIR [RAW_DIR]            the WMT14 .tgz archives are already here: no download
+#   --src L --tgt L [SRC, TGT]         source and target language (en, de)
+#   --train-prefix P --valid-prefix P --test-prefix P [TRAIN_PREFIX, VALID_PREFIX, TEST_PREFIX]
+#                                      bring your own corpus: the files P.SRC and P.TGT
+#   --bpe KIND [BPE]                   subword-nmt (default) or sentencepiece
+#   --bpe-size N [BPE_SIZE]            subword-nmt merges / sentencepiece pieces (40000)
+#   --bpe-vocab-threshold N [BPE_VOCAB_THRESHOLD]  subword-nmt apply-bpe threshold (50)
+#   --no-tokenize [TOKENIZE=0]         the text is already tokenized: only copy it
+#   --clean-min MIN --clean-max MAX --clean-ratio R [CLEAN_MIN, CLEAN_MAX, CLEAN_RATIO]
+#                                      training pairs kept: MIN..MAX tokens a side, length ratio
+#                                      <= R (1, 250, 1.5)
+#   --replace-invalid-utf8 [REPLACE_INVALID_UTF8=1]  replace invalid UTF-8 bytes in the input with
+#                                      U+FFFD (reported per file) instead of stopping
+#   --workers N [WORKERS]              processes (default: all cores)
+#   [PYTHON, WMT14_URL, WMT13_URL]     the python to run, download mirrors
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,35 +66,55 @@ TOKENIZE="${TOKENIZE:-1}"            # 0: the text is already tokenized; only co
 CLEAN_MIN="${CLEAN_MIN:-1}"
 CLEAN_MAX="${CLEAN_MAX:-250}"
 CLEAN_RATIO="${CLEAN_RATIO:-1.5}"
+REPLACE_INVALID_UTF8="${REPLACE_INVALID_UTF8:-0}"  # 1: invalid UTF-8 -> U+FFFD instead of an error
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 WMT14_URL="${WMT14_URL:-https://www.statmt.org/wmt14}"
 WMT13_URL="${WMT13_URL:-https://www.statmt.org/wmt13}"
 
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
 die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
 log() { printf '[prepare] %s\n' "$*" >&2; }
+# an option's value: present, not empty, not the next option
+need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --work-dir) WORK_DIR="$2"; shift 2 ;;
-        --raw-dir) RAW_DIR="$2"; shift 2 ;;
-        --src) SRC="$2"; shift 2 ;;
-        --tgt) TGT="$2"; shift 2 ;;
-        --train-prefix) TRAIN_PREFIX="$2"; shift 2 ;;
-        --valid-prefix) VALID_PREFIX="$2"; shift 2 ;;
-        --test-prefix) TEST_PREFIX="$2"; shift 2 ;;
-        --bpe) BPE="$2"; shift 2 ;;
-        --bpe-size) BPE_SIZE="$2"; shift 2 ;;
-        --bpe-vocab-threshold) BPE_VOCAB_THRESHOLD="$2"; shift 2 ;;
+        --work-dir) need_value "$@"; WORK_DIR="$2"; shift 2 ;;
+        --raw-dir) need_value "$@"; RAW_DIR="$2"; shift 2 ;;
+        --src) need_value "$@"; SRC="$2"; shift 2 ;;
+        --tgt) need_value "$@"; TGT="$2"; shift 2 ;;
+        --train-prefix) need_value "$@"; TRAIN_PREFIX="$2"; shift 2 ;;
+        --valid-prefix) need_value "$@"; VALID_PREFIX="$2"; shift 2 ;;
+        --test-prefix) need_value "$@"; TEST_PREFIX="$2"; shift 2 ;;
+        --bpe) need_value "$@"; BPE="$2"; shift 2 ;;
+        --bpe-size) need_value "$@"; BPE_SIZE="$2"; shift 2 ;;
+        --bpe-vocab-threshold) need_value "$@"; BPE_VOCAB_THRESHOLD="$2"; shift 2 ;;
+        --clean-min) need_value "$@"; CLEAN_MIN="$2"; shift 2 ;;
+        --clean-max) need_value "$@"; CLEAN_MAX="$2"; shift 2 ;;
+        --clean-ratio) need_value "$@"; CLEAN_RATIO="$2"; shift 2 ;;
+        --workers) need_value "$@"; WORKERS="$2"; shift 2 ;;
         --no-tokenize) TOKENIZE=0; shift ;;
-        --workers) WORKERS="$2"; shift 2 ;;
+        --replace-invalid-utf8) REPLACE_INVALID_UTF8=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (see --help)" ;;
     esac
 done
 
-case "$BPE" in subword-nmt|sentencepiece) ;; *) die "--bpe must be subword-nmt or sentencepiece, not '$BPE'" ;; esac
-[[ "$BPE_SIZE" =~ ^[0-9]+$ ]] || die "--bpe-size must be a number, not '$BPE_SIZE'"
+case "$BPE" in subword-nmt|sentencepiece) ;; *) die "--bpe (BPE) must be subword-nmt or sentencepiece, not '$BPE'" ;; esac
+[[ "$BPE_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--bpe-size (BPE_SIZE) must be a positive whole number, not '$BPE_SIZE'"
+[[ "$BPE_VOCAB_THRESHOLD" =~ ^[0-9]+$ ]] \
+    || die "--bpe-vocab-threshold (BPE_VOCAB_THRESHOLD) must be a whole number, not '$BPE_VOCAB_THRESHOLD'"
+[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers (WORKERS) must be a positive whole number, not '$WORKERS'"
+[[ "$CLEAN_MIN" =~ ^[0-9]+$ ]] || die "--clean-min (CLEAN_MIN) must be a whole number, not '$CLEAN_MIN'"
+[[ "$CLEAN_MAX" =~ ^[1-9][0-9]*$ ]] || die "--clean-max (CLEAN_MAX) must be a positive whole number, not '$CLEAN_MAX'"
+(( 10#$CLEAN_MIN <= 10#$CLEAN_MAX )) || die "--clean-min ($CLEAN_MIN) must not exceed --clean-max ($CLEAN_MAX)"
+[[ "$CLEAN_RATIO" =~ ^[0-9]+(\.[0-9]+)?$ && ! "$CLEAN_RATIO" =~ ^0+(\.0+)?$ ]] \
+    || die "--clean-ratio (CLEAN_RATIO) must be a positive number such as 1.5, not '$CLEAN_RATIO'"
+[[ "$TOKENIZE" == 0 || "$TOKENIZE" == 1 ]] || die "TOKENIZE must be 0 or 1, not '$TOKENIZE'"
+[[ "$REPLACE_INVALID_UTF8" == 0 || "$REPLACE_INVALID_UTF8" == 1 ]] \
+    || die "REPLACE_INVALID_UTF8 must be 0 or 1, not '$REPLACE_INVALID_UTF8'"
+[[ "$SRC" =~ ^[A-Za-z0-9_-]+$ ]] || die "--src (SRC) must be a language code such as en, not '$SRC'"
+[[ "$TGT" =~ ^[A-Za-z0-9_-]+$ ]] || die "--tgt (TGT) must be a language code such as de, not '$TGT'"
 [[ "$SRC" != "$TGT" ]] || die "--src and --tgt must differ"
 BYO=0
 if [[ -n "$TRAIN_PREFIX$VALID_PREFIX$TEST_PREFIX" ]]; then
@@ -85,17 +128,50 @@ fi
 mkdir -p "$WORK_DIR"
 WORK_DIR="$(cd "$WORK_DIR" && pwd)"
 TOOLS="$HERE/text_tools.py"
+export TEXT_TOOLS_PREFIX=prepare     # text_tools.py errors read "[prepare] error: ..."
+UTF8_ARGS=()
+[[ "$REPLACE_INVALID_UTF8" == 0 ]] || UTF8_ARGS=(--replace-invalid-utf8)
+tool() { "$PYTHON" "$TOOLS" "$@"; }
 
 # --- step bookkeeping -----------------------------------------------------------------------
-is_done() { [[ -f "$1/.done" ]]; }
+RECORD=""
+record() {  # record STEP DIR RECORD-ARGS...: sets RECORD (what DIR/.done is to hold) and STATUS
+    local out
+    out="$(tool record --step "$1" --marker "$2/.done" --base "$WORK_DIR" "${@:3}")" || exit 1
+    STATUS="${out%%$'\n'*}"
+    RECORD="${out#*$'\n'}"
+}
+up_to_date() {  # up_to_date STEP DIR RECORD-ARGS...: true (and says so) when DIR/.done records
+                # exactly these options (--option K=V) and input files (--input KEY=PATH)
+    record "$@"
+    case "$STATUS" in
+        same) log "$1: complete, skipping ($2)"; return 0 ;;
+        new) return 1 ;;
+        *) log "$1: $STATUS, rebuilding"; return 1 ;;
+    esac
+}
 begin() { rm -rf "$1.tmp"; mkdir -p "$1.tmp"; }
-commit() { date -u +%FT%TZ > "$1.tmp/.done"; rm -rf "$1"; mv "$1.tmp" "$1"; }
-lines() { wc -l < "$1" | tr -d ' '; }
-same_length() {  # same_length A B: both files exist and have the same number of lines
-    [[ -s "$1" ]] || die "missing or empty file $1"
-    [[ -s "$2" ]] || die "missing or empty file $2"
-    [[ "$(lines "$1")" == "$(lines "$2")" ]] \
-        || die "$1 ($(lines "$1") lines) and $2 ($(lines "$2") lines) are not parallel"
+commit() {
+    { printf '%s\n' "$RECORD"; date -u '+# completed %FT%TZ'; } > "$1.tmp/.done"
+    rm -rf "$1"; mv "$1.tmp" "$1"
+}
+nlines() {  # lines as the text tools count them: the "\n"s, plus a last line without one
+    local n
+    n="$(wc -l < "$1" | tr -d ' ')"
+    if [[ -s "$1" && "$(tail -c 1 "$1" | od -An -tx1 | tr -d ' \n')" != 0a ]]; then n=$((n + 1)); fi
+    echo "$n"
+}
+check_parallel() {  # check_parallel STEP A B: both exist, are not empty and have as many lines
+    local a b
+    [[ -s "$2" ]] || die "$1: missing or empty file $2"
+    [[ -s "$3" ]] || die "$1: missing or empty file $3"
+    a="$(nlines "$2")"; b="$(nlines "$3")"
+    [[ "$a" == "$b" ]] || die "$1: $2 ($a lines) and $3 ($b lines) are not parallel"
+}
+check_lines() {  # check_lines STEP OUT N INPUT...: OUT has the N lines of its INPUT(s)
+    local n
+    n="$(nlines "$2")"
+    [[ "$n" == "$3" ]] || die "$1: $2 has $n lines but its input (${*:4}) has $3; stopping"
 }
 
 # --- WMT14 archives: name | URL | members (SRC/TGT files use {L} for the language) ----------
@@ -137,24 +213,45 @@ download() {
     mv "$part" "$dest"
 }
 
-# --- step 1: archives -> raw text -----------------------------------------------------------
+# --- step 1: archives or your corpus -> raw text ----------------------------------------------
+# normalize (text_tools.py) is the first reader of your text: from here on every file has one
+# sentence per line, split only at \n, strictly UTF-8, so no later tool can split a line in two.
+split_prefix() { case "$1" in train) echo "$TRAIN_PREFIX" ;; valid) echo "$VALID_PREFIX" ;; test) echo "$TEST_PREFIX" ;; esac; }
+
 step_raw() {
-    local raw="$WORK_DIR/raw"
-    if is_done "$raw"; then log "raw: complete, skipping ($raw)"; return; fi
-    begin "$raw"
+    local raw="$WORK_DIR/raw" split prefix l n
+    local -a rec=(--option "SRC=$SRC" --option "TGT=$TGT" --option "REPLACE_INVALID_UTF8=$REPLACE_INVALID_UTF8")
     if [[ "$BYO" == 1 ]]; then
-        log "raw: copying your corpus ($TRAIN_PREFIX, $VALID_PREFIX, $TEST_PREFIX)"
-        local split prefix
+        rec+=(--option CORPUS=own)
         for split in train valid test; do
-            case "$split" in train) prefix="$TRAIN_PREFIX" ;; valid) prefix="$VALID_PREFIX" ;; test) prefix="$TEST_PREFIX" ;; esac
-            same_length "$prefix.$SRC" "$prefix.$TGT"
-            cp "$prefix.$SRC" "$raw.tmp/$split.$SRC"
-            cp "$prefix.$TGT" "$raw.tmp/$split.$TGT"
+            prefix="$(split_prefix "$split")"
+            for l in "$SRC" "$TGT"; do
+                [[ -f "$prefix.$l" ]] || die "raw: your corpus has no file $prefix.$l"
+                rec+=(--input "$split.$l=$prefix.$l")
+            done
+        done
+        if up_to_date raw "$raw" "${rec[@]}"; then return; fi
+        begin "$raw"
+        log "raw: copying your corpus ($TRAIN_PREFIX, $VALID_PREFIX, $TEST_PREFIX)"
+        for split in train valid test; do
+            prefix="$(split_prefix "$split")"
+            check_parallel raw "$prefix.$SRC" "$prefix.$TGT"
+            n="$(nlines "$prefix.$SRC")"
+            for l in "$SRC" "$TGT"; do
+                tool normalize "${UTF8_ARGS[@]}" --output "$raw.tmp/$split.$l" "$prefix.$l"
+                check_lines raw "$raw.tmp/$split.$l" "$n" "$prefix.$l"
+            done
         done
         commit "$raw"
         return
     fi
-    local name archive dir
+    local name archive dir ex m
+    local -a members
+    dir="${RAW_DIR:-$WORK_DIR/orig}"
+    rec+=(--option CORPUS=wmt14)
+    # archives deleted since raw/ was built from them are taken to be the same ones
+    for name in "${ARCHIVES[@]}"; do rec+=(--optional-input "$name=$dir/$name"); done
+    if up_to_date raw "$raw" "${rec[@]}"; then return; fi
     mkdir -p "$WORK_DIR/orig"
     for name in "${ARCHIVES[@]}"; do
         if [[ -n "$RAW_DIR" ]]; then
@@ -171,8 +268,9 @@ step_raw() {
             fi
         fi
     done
-    dir="${RAW_DIR:-$WORK_DIR/orig}"
-    local ex="$raw.tmp/extract" m l
+    record raw "$raw" "${rec[@]}"   # again, now that every archive is there
+    begin "$raw"
+    ex="$raw.tmp/extract"
     mkdir -p "$ex"
     extract() {  # extract ARCHIVE MEMBER...
         local a="$dir/$1"; shift
@@ -185,54 +283,83 @@ step_raw() {
     extract training-parallel-nc-v9.tgz "${TRAIN_MEMBERS[2]}".{de,en}
     extract dev.tgz "$VALID_MEMBER".{de,en}
     extract test-full.tgz "$(test_member "$SRC")" "$(test_member "$TGT")"
-    for l in "$SRC" "$TGT"; do
-        : > "$raw.tmp/train.$l"
-        for m in "${TRAIN_MEMBERS[@]}"; do
-            cat "$ex/$m.$l" >> "$raw.tmp/train.$l"
-        done
-        cp "$ex/$VALID_MEMBER.$l" "$raw.tmp/valid.$l"
-        "$PYTHON" "$TOOLS" sgm2txt "$ex/$(test_member "$l")" "$raw.tmp/test.$l"
+    n=0
+    for m in "${TRAIN_MEMBERS[@]}"; do
+        check_parallel raw "$ex/$m.$SRC" "$ex/$m.$TGT"
+        n=$((n + $(nlines "$ex/$m.$SRC")))
     done
-    for m in "${TRAIN_MEMBERS[@]}"; do same_length "$ex/$m.$SRC" "$ex/$m.$TGT"; done
-    for split in train valid test; do same_length "$raw.tmp/$split.$SRC" "$raw.tmp/$split.$TGT"; done
+    check_parallel raw "$ex/$VALID_MEMBER.$SRC" "$ex/$VALID_MEMBER.$TGT"
+    for l in "$SRC" "$TGT"; do
+        members=()
+        for m in "${TRAIN_MEMBERS[@]}"; do members+=("$ex/$m.$l"); done
+        tool normalize "${UTF8_ARGS[@]}" --output "$raw.tmp/train.$l" "${members[@]}"
+        check_lines raw "$raw.tmp/train.$l" "$n" "${members[@]}"
+        tool normalize "${UTF8_ARGS[@]}" --output "$raw.tmp/valid.$l" "$ex/$VALID_MEMBER.$l"
+        check_lines raw "$raw.tmp/valid.$l" "$(nlines "$ex/$VALID_MEMBER.$l")" "$ex/$VALID_MEMBER.$l"
+        tool sgm2txt "${UTF8_ARGS[@]}" "$ex/$(test_member "$l")" "$raw.tmp/test.$l"
+    done
+    for split in train valid test; do check_parallel raw "$raw.tmp/$split.$SRC" "$raw.tmp/$split.$TGT"; done
     rm -rf "$ex"
-    log "raw: train $(lines "$raw.tmp/train.$SRC"), valid $(lines "$raw.tmp/valid.$SRC"), test $(lines "$raw.tmp/test.$SRC") pairs"
+    log "raw: train $(nlines "$raw.tmp/train.$SRC"), valid $(nlines "$raw.tmp/valid.$SRC"), test $(nlines "$raw.tmp/test.$SRC") pairs"
     commit "$raw"
 }
 
 # --- step 2: normalise + tokenise -----------------------------------------------------------
 step_tok() {
-    local tok="$WORK_DIR/tok" split l
-    if is_done "$tok"; then log "tok: complete, skipping ($tok)"; return; fi
+    local tok="$WORK_DIR/tok" split l in
+    local -a rec=(--option "TOKENIZE=$TOKENIZE" --option "SRC=$SRC" --option "TGT=$TGT")
+    for split in train valid test; do
+        for l in "$SRC" "$TGT"; do rec+=(--input "raw/$split.$l=$WORK_DIR/raw/$split.$l"); done
+    done
+    if up_to_date tok "$tok" "${rec[@]}"; then return; fi
     begin "$tok"
     for split in train valid test; do
         for l in "$SRC" "$TGT"; do
+            in="$WORK_DIR/raw/$split.$l"
             if [[ "$TOKENIZE" == 1 ]]; then
-                "$PYTHON" "$TOOLS" tokenize --lang "$l" --workers "$WORKERS" "$WORK_DIR/raw/$split.$l" "$tok.tmp/$split.$l"
+                tool tokenize --lang "$l" --workers "$WORKERS" "$in" "$tok.tmp/$split.$l"
             else
-                cp "$WORK_DIR/raw/$split.$l" "$tok.tmp/$split.$l"
+                cp "$in" "$tok.tmp/$split.$l"
             fi
+            check_lines tok "$tok.tmp/$split.$l" "$(nlines "$in")" "$in"
         done
-        same_length "$tok.tmp/$split.$SRC" "$tok.tmp/$split.$TGT"
+        check_parallel tok "$tok.tmp/$split.$SRC" "$tok.tmp/$split.$TGT"
     done
     commit "$tok"
 }
 
 # --- step 3: clean the training data --------------------------------------------------------
 step_clean() {
-    local clean="$WORK_DIR/clean"
-    if is_done "$clean"; then log "clean: complete, skipping ($clean)"; return; fi
+    local clean="$WORK_DIR/clean" l n kept
+    local -a rec=(--option "CLEAN_MIN=$CLEAN_MIN" --option "CLEAN_MAX=$CLEAN_MAX" --option "CLEAN_RATIO=$CLEAN_RATIO"
+                  --option "SRC=$SRC" --option "TGT=$TGT")
+    for l in "$SRC" "$TGT"; do rec+=(--input "tok/train.$l=$WORK_DIR/tok/train.$l"); done
+    if up_to_date clean "$clean" "${rec[@]}"; then return; fi
     begin "$clean"
-    "$PYTHON" "$TOOLS" clean --src "$SRC" --tgt "$TGT" --min "$CLEAN_MIN" --max "$CLEAN_MAX" \
+    tool clean --src "$SRC" --tgt "$TGT" --min "$CLEAN_MIN" --max "$CLEAN_MAX" \
         --ratio "$CLEAN_RATIO" "$WORK_DIR/tok/train" "$clean.tmp/train"
-    same_length "$clean.tmp/train.$SRC" "$clean.tmp/train.$TGT"
+    [[ -s "$clean.tmp/train.$SRC" ]] \
+        || die "clean: no training pair has $CLEAN_MIN..$CLEAN_MAX tokens a side and a length ratio <= $CLEAN_RATIO"
+    check_parallel clean "$clean.tmp/train.$SRC" "$clean.tmp/train.$TGT"
+    n="$(nlines "$WORK_DIR/tok/train.$SRC")"; kept="$(nlines "$clean.tmp/train.$SRC")"
+    (( kept <= n )) || die "clean: $clean.tmp/train.$SRC has $kept lines, more than its input $WORK_DIR/tok/train.$SRC ($n)"
     commit "$clean"
 }
 
 # --- step 4: joint BPE ----------------------------------------------------------------------
+bpe_input() { if [[ "$1" == train ]]; then echo "$WORK_DIR/clean/train.$2"; else echo "$WORK_DIR/tok/$1.$2"; fi; }
+
 step_bpe() {
     local bpe="$WORK_DIR/bpe" split l input
-    if is_done "$bpe"; then log "bpe: complete, skipping ($bpe)"; return; fi
+    local -a rec=(--option "BPE=$BPE" --option "BPE_SIZE=$BPE_SIZE")
+    [[ "$BPE" != subword-nmt ]] || rec+=(--option "BPE_VOCAB_THRESHOLD=$BPE_VOCAB_THRESHOLD")
+    for split in train valid test; do
+        for l in "$SRC" "$TGT"; do
+            input="$(bpe_input "$split" "$l")"
+            rec+=(--input "${input#"$WORK_DIR/"}=$input")
+        done
+    done
+    if up_to_date bpe "$bpe" "${rec[@]}"; then return; fi
     begin "$bpe"
     if [[ "$BPE" == subword-nmt ]]; then
         log "bpe: learning $BPE_SIZE joint subword-nmt merges"
@@ -241,36 +368,51 @@ step_bpe() {
             --write-vocabulary "$bpe.tmp/vocab.$SRC" "$bpe.tmp/vocab.$TGT"
     else
         log "bpe: learning a $BPE_SIZE-piece joint sentencepiece model"
-        "$PYTHON" "$TOOLS" spm-train --vocab-size "$BPE_SIZE" --model-prefix "$bpe.tmp/spm" \
+        tool spm-train --vocab-size "$BPE_SIZE" --model-prefix "$bpe.tmp/spm" \
             --workers "$WORKERS" "$WORK_DIR/clean/train.$SRC" "$WORK_DIR/clean/train.$TGT"
     fi
     for split in train valid test; do
         for l in "$SRC" "$TGT"; do
-            if [[ "$split" == train ]]; then input="$WORK_DIR/clean/train.$l"; else input="$WORK_DIR/tok/$split.$l"; fi
+            input="$(bpe_input "$split" "$l")"
             log "bpe: applying to $split.$l"
             if [[ "$BPE" == subword-nmt ]]; then
                 subword-nmt apply-bpe -c "$bpe.tmp/codes" --vocabulary "$bpe.tmp/vocab.$l" \
                     --vocabulary-threshold "$BPE_VOCAB_THRESHOLD" --num-workers "$WORKERS" \
                     < "$input" > "$bpe.tmp/$split.$l"
             else
-                "$PYTHON" "$TOOLS" spm-encode --model "$bpe.tmp/spm.model" "$input" "$bpe.tmp/$split.$l"
+                tool spm-encode --model "$bpe.tmp/spm.model" "$input" "$bpe.tmp/$split.$l"
             fi
+            check_lines bpe "$bpe.tmp/$split.$l" "$(nlines "$input")" "$input"
         done
-        same_length "$bpe.tmp/$split.$SRC" "$bpe.tmp/$split.$TGT"
+        check_parallel bpe "$bpe.tmp/$split.$SRC" "$bpe.tmp/$split.$TGT"
     done
     commit "$bpe"
 }
 
 # --- step 5: binarize -----------------------------------------------------------------------
 step_binarize() {
-    local bin="$WORK_DIR/data-bin"
-    if is_done "$bin"; then log "data-bin: complete, skipping ($bin)"; return; fi
+    local bin="$WORK_DIR/data-bin" split l n m
+    local -a rec=(--option "BPE=$BPE" --option "SRC=$SRC" --option "TGT=$TGT")
+    for split in train valid test; do
+        for l in "$SRC" "$TGT"; do rec+=(--input "bpe/$split.$l=$WORK_DIR/bpe/$split.$l"); done
+    done
+    if [[ "$BPE" == subword-nmt ]]; then rec+=(--input "bpe/codes=$WORK_DIR/bpe/codes")
+    else rec+=(--input "bpe/spm.model=$WORK_DIR/bpe/spm.model"); fi
+    if up_to_date data-bin "$bin" "${rec[@]}"; then return; fi
     rm -rf "$bin.tmp"
     log "data-bin: fairseq-preprocess --joined-dictionary"
     fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" \
         --trainpref "$WORK_DIR/bpe/train" --validpref "$WORK_DIR/bpe/valid" --testpref "$WORK_DIR/bpe/test" \
         --destdir "$bin.tmp" --joined-dictionary --workers "$WORKERS" > "$WORK_DIR/preprocess.log" 2>&1 \
         || { tail -n 20 "$WORK_DIR/preprocess.log" >&2; die "fairseq-preprocess failed (log: $WORK_DIR/preprocess.log)"; }
+    for split in train valid test; do
+        for l in "$SRC" "$TGT"; do
+            n="$(nlines "$WORK_DIR/bpe/$split.$l")"
+            m="$(tool idx-count "$bin.tmp/$split.$SRC-$TGT.$l.idx")"
+            [[ "$m" == "?" || "$m" == "$n" ]] \
+                || die "data-bin: $bin.tmp/$split.$SRC-$TGT.$l has $m sentences but its input $WORK_DIR/bpe/$split.$l has $n lines; stopping"
+        done
+    done
     # what evaluate.sh needs to undo the segmentation
     if [[ "$BPE" == subword-nmt ]]; then
         echo subword_nmt > "$bin.tmp/bpe_type"; cp "$WORK_DIR/bpe/codes" "$bin.tmp/bpe.codes"

@@ -3,6 +3,12 @@
 
 Sub-commands (each reads and writes plain UTF-8 text, one sentence per line):
 
+``normalize --output OUT IN...``
+    The first step that reads your text: concatenate the inputs into OUT, one sentence per line,
+    with lines split only at ``\\n``. Every other character that some tool treats as a line
+    break (``\\r``, ``\\v``, ``\\f``, ``\\x1c``-``\\x1e``, U+0085, U+2028, U+2029) becomes a space,
+    and a CRLF line end becomes a plain ``\\n``, so that no later tool can split a sentence in
+    two and shift one side of a parallel corpus against the other.
 ``sgm2txt IN.sgm OUT``
     Keep the ``<seg id="...">`` lines of a WMT SGML file, strip the tags (as fairseq's
     prepare-wmt14en2de.sh does).
@@ -18,18 +24,96 @@ Sub-commands (each reads and writes plain UTF-8 text, one sentence per line):
     Learn a joint sentencepiece BPE model on the (tokenized) training text.
 ``spm-encode --model M IN OUT``
     Split text into sentencepiece pieces (space separated), as fairseq-preprocess expects.
+``record --step S --marker DIR/.done [--base WORK_DIR] [--option K=V]... [--input KEY=PATH]...``
+    prepare.sh's step bookkeeping: print whether DIR/.done records exactly these options and
+    input files (size and sha256), then the record to store in DIR/.done.
+``idx-count FILE.idx``
+    Number of sentences in a fairseq mmap index (``?`` for another format).
 
-Every output is written to ``OUT.tmp`` and renamed when complete.
+Every reader splits its input only at ``\\n`` (a last line without ``\\n`` counts as a line) and
+decodes it strictly as UTF-8: the first invalid byte stops it with the file name and line number,
+unless ``--replace-invalid-utf8`` is given, which replaces invalid bytes with U+FFFD and says in
+how many lines it did so. Every output is written to ``OUT.tmp`` and renamed when complete.
+Error messages are one line, ``[PREFIX] error: ...`` (PREFIX: $TEXT_TOOLS_PREFIX, default
+``text_tools``).
 """
 
 import argparse
+import hashlib
 import os
 import re
+import struct
 import sys
 import unicodedata
 from multiprocessing import Pool
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
+PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
+# characters that str.splitlines(), Python's universal newlines or other tools take for a line
+# break; inside a line each becomes a space
+LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAKS_TO_SPACE = str.maketrans({ch: " " for ch in LINE_BREAKS})
+_BREAKS_RE = re.compile(f"[{re.escape(LINE_BREAKS)}]")
+
+
+class InputError(Exception):
+    """A problem with the user's input: reported as one line, without a traceback."""
+
+
+def say(message):
+    print(f"[{PREFIX}] {message}", file=sys.stderr)
+
+
+class LineReader:
+    """Iterate over the lines of a file as str: split only at b"\\n" (no trailing "\\n" kept; a
+    last line without one counts, no empty line is added after a final "\\n"), a CRLF end
+    becomes a plain end, in-line line-break characters become spaces, and bytes are decoded
+    strictly as UTF-8 unless ``replace`` (then ``replaced`` counts the lines that had invalid
+    bytes and ``first_replaced`` is the first of them). ``broken`` counts the lines in which
+    line-break characters were replaced."""
+
+    def __init__(self, path, replace=False):
+        self.path, self.replace = path, replace
+        self.lines = self.replaced = self.broken = 0
+        self.first_replaced = None
+
+    def __iter__(self):
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise InputError(f"cannot read {self.path}: {e.strerror}") from None
+        with f:
+            for number, raw in enumerate(f, 1):
+                self.lines = number
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if not self.replace:
+                        raise InputError(
+                            f"{self.path}: line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                            f"{e.start + 1} of the line); fix the file, or pass --replace-invalid-utf8 to "
+                            f"replace invalid bytes with U+FFFD") from None
+                    line = raw.decode("utf-8", errors="replace")
+                    self.replaced += 1
+                    if self.first_replaced is None:
+                        self.first_replaced = number
+                if _BREAKS_RE.search(line):
+                    line = line.translate(_BREAKS_TO_SPACE)
+                    self.broken += 1
+                yield line
+
+    def report(self):
+        """Say what was changed, per file (nothing when nothing was)."""
+        if self.replaced:
+            say(f"{self.path}: replaced invalid UTF-8 with U+FFFD in {self.replaced} "
+                f"line{'s' if self.replaced != 1 else ''} (first: line {self.first_replaced})")
+        if self.broken:
+            say(f"{self.path}: {self.broken} line{'s' if self.broken != 1 else ''} had line-break "
+                f"characters (\\r, U+2028, ...) inside; replaced by spaces")
 
 
 def remove_non_printing(text: str) -> str:
@@ -58,30 +142,50 @@ def tokenize_line(line: str) -> str:
 def _write_atomic(path, lines):
     tmp = path + ".tmp"
     count = 0
-    with open(tmp, "w", encoding="utf-8") as out:
-        for line in lines:
-            out.write(line + "\n")
-            count += 1
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            for line in lines:
+                out.write(line + "\n")
+                count += 1
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     os.replace(tmp, path)
     return count
 
 
+def cmd_normalize(args):
+    readers = [LineReader(path, args.replace_invalid_utf8) for path in args.inputs]
+
+    def all_lines():
+        for reader in readers:
+            yield from reader
+
+    n = _write_atomic(args.output, all_lines())
+    for reader in readers:
+        reader.report()
+    print(f"[normalize] {', '.join(args.inputs)} -> {args.output}: {n} lines", file=sys.stderr)
+
+
 def cmd_sgm2txt(args):
     segs = []
-    with open(args.input, encoding="utf-8") as f:
-        for line in f:
-            m = SEG_RE.search(line)
-            if m:
-                segs.append(m.group(1).replace("\u2019", "'"))
+    reader = LineReader(args.input, args.replace_invalid_utf8)
+    for line in reader:
+        m = SEG_RE.search(line)
+        if m:
+            segs.append(m.group(1).replace("\u2019", "'"))
     if not segs:
-        sys.exit(f"error: no <seg id=...> lines in {args.input}: is it a WMT .sgm file?")
+        raise InputError(f"no <seg id=...> lines in {args.input}: is it a WMT .sgm file?")
+    reader.report()
     n = _write_atomic(args.output, segs)
     print(f"[sgm2txt] {args.input}: {n} segments", file=sys.stderr)
 
 
 def cmd_tokenize(args):
-    with open(args.input, encoding="utf-8", errors="replace") as f:
-        lines = f.readlines()
+    reader = LineReader(args.input, args.replace_invalid_utf8)
+    lines = list(reader)
+    reader.report()
     if args.workers > 1 and len(lines) > 20000:
         with Pool(args.workers, initializer=_init_tokenizer, initargs=(args.lang,)) as pool:
             out = pool.imap(tokenize_line, lines, chunksize=2000)
@@ -96,8 +200,9 @@ def cmd_detokenize(args):
     from sacremoses import MosesDetokenizer
 
     detok = MosesDetokenizer(lang=args.lang)
-    with open(args.input, encoding="utf-8") as f:
-        lines = [detok.detokenize(line.split()) for line in f]
+    reader = LineReader(args.input, args.replace_invalid_utf8)
+    lines = [detok.detokenize(line.split()) for line in reader]
+    reader.report()
     _write_atomic(args.output, lines)
 
 
@@ -113,18 +218,31 @@ def keep_pair(src: str, tgt: str, lo: int, hi: int, ratio: float) -> bool:
 def cmd_clean(args):
     s_in, t_in = f"{args.in_prefix}.{args.src}", f"{args.in_prefix}.{args.tgt}"
     s_out, t_out = f"{args.out_prefix}.{args.src}", f"{args.out_prefix}.{args.tgt}"
+    rs, rt = LineReader(s_in, args.replace_invalid_utf8), LineReader(t_in, args.replace_invalid_utf8)
     kept = total = 0
-    with open(s_in, encoding="utf-8") as fs, open(t_in, encoding="utf-8") as ft, \
-            open(s_out + ".tmp", "w", encoding="utf-8") as os_, open(t_out + ".tmp", "w", encoding="utf-8") as ot:
-        for s, t in zip(fs, ft):
-            total += 1
-            s, t = " ".join(s.split()), " ".join(t.split())
-            if keep_pair(s, t, args.min, args.max, args.ratio):
-                os_.write(s + "\n")
-                ot.write(t + "\n")
-                kept += 1
-        if fs.readline() or ft.readline():
-            sys.exit(f"error: {s_in} and {t_in} have different numbers of lines")
+    try:
+        with open(s_out + ".tmp", "w", encoding="utf-8", newline="\n") as os_, \
+                open(t_out + ".tmp", "w", encoding="utf-8", newline="\n") as ot:
+            it_s, it_t = iter(rs), iter(rt)
+            for s, t in zip(it_s, it_t):
+                total += 1
+                s, t = " ".join(s.split()), " ".join(t.split())
+                if keep_pair(s, t, args.min, args.max, args.ratio):
+                    os_.write(s + "\n")
+                    ot.write(t + "\n")
+                    kept += 1
+            # zip stops at the shorter side: count what is left of either
+            rest_s, rest_t = sum(1 for _ in it_s), sum(1 for _ in it_t)
+            if rest_s or rest_t:
+                raise InputError(f"{s_in} ({total + rest_s} lines) and {t_in} ({total + rest_t} lines) "
+                                 f"are not parallel")
+    except BaseException:
+        for tmp in (s_out + ".tmp", t_out + ".tmp"):
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    rs.report()
+    rt.report()
     os.replace(s_out + ".tmp", s_out)
     os.replace(t_out + ".tmp", t_out)
     print(f"[clean] {args.in_prefix}: kept {kept} of {total} pairs", file=sys.stderr)
@@ -144,30 +262,170 @@ def cmd_spm_encode(args):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=args.model)
-    with open(args.input, encoding="utf-8") as f:
-        lines = (" ".join(sp.encode(line.rstrip("\n"), out_type=str)) for line in f)
-        _write_atomic(args.output, lines)
+    reader = LineReader(args.input, args.replace_invalid_utf8)
+    _write_atomic(args.output, (" ".join(sp.encode(line, out_type=str)) for line in reader))
+    reader.report()
+
+
+# --- step bookkeeping for prepare.sh --------------------------------------------------------
+# A step's DIR/.done records what the step was built from: the options that change its output
+# and, for every input file, its size and sha256. prepare.sh redoes a step whose record differs,
+# which makes every later step see changed inputs too. The inputs are hashed in full: sha256
+# runs at about 1 GB/s (SHA-NI; ~0.4 GB/s without), so a rerun over the full WMT14 files
+# (~1.6 GB of archives, ~1.3 GB of text per later step) spends seconds to a few tens of seconds
+# on it, next to steps that take minutes to hours; size+mtime or partial hashes would miss an
+# edited or re-extracted file of the same size.
+RECORD_HEADER = "# prepare.sh step record v1"
+
+
+def fingerprint(path):
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(1 << 22)
+            if not block:
+                break
+            size += len(block)
+            h.update(block)
+    return str(size), h.hexdigest()
+
+
+def _parse_record(text):
+    """-> (options {name: value}, inputs {key: (size, sha256, path)}) or None for a marker
+    without a record (written by an older prepare.sh)."""
+    lines = text.splitlines()
+    if RECORD_HEADER not in lines:
+        return None
+    options, inputs = {}, {}
+    for line in lines:
+        if line.startswith("option "):
+            name, _, value = line[len("option "):].partition("=")
+            options[name] = value
+        elif line.startswith("input "):
+            parts = line.split(" ", 4)
+            if len(parts) == 5:
+                inputs[parts[1]] = (parts[2], parts[3], parts[4])
+    return options, inputs
+
+
+def _describe_changes(old, new):
+    (old_opts, old_inputs), (new_opts, new_inputs) = old, new
+    reasons = []
+    changed = [f"{k} {old_opts.get(k, '(unset)')} -> {new_opts.get(k, '(unset)')}"
+               for k in list(new_opts) + [k for k in old_opts if k not in new_opts]
+               if old_opts.get(k) != new_opts.get(k)]
+    if changed:
+        reasons.append(f"options changed ({', '.join(changed)})")
+    keys = list(new_inputs) + [k for k in old_inputs if k not in new_inputs]
+    changed = []
+    for k in keys:
+        o, n = old_inputs.get(k), new_inputs.get(k)
+        if o is not None and n is not None and o[:2] == n[:2]:
+            continue
+        if o is None:
+            changed.append(f"{k} is new")
+        elif n is None:
+            changed.append(f"{k} is no longer an input")
+        elif n[0] == "missing":
+            changed.append(f"{k} is missing ({n[2]})")
+        elif o[2] != n[2]:
+            changed.append(f"{k} is now {n[2]}, was {o[2]}")
+        else:
+            changed.append(k)
+    if changed:
+        more = f", and {len(changed) - 4} more" if len(changed) > 4 else ""
+        reasons.append(f"inputs changed ({', '.join(changed[:4])}{more})")
+    return "; ".join(reasons)
+
+
+def cmd_record(args):
+    """Print one status line -- ``new`` (no marker), ``same`` (the marker records exactly these
+    options and inputs) or why it differs -- then the record to write to the marker."""
+    old = None
+    if os.path.exists(args.marker):
+        with open(args.marker, encoding="utf-8", errors="replace") as f:
+            old = _parse_record(f.read())
+    options = {}
+    for spec in args.option:
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise InputError(f"record: --option needs NAME=VALUE, not {spec!r}")
+        options[name] = value
+    base = os.path.abspath(args.base) if args.base else None
+
+    def shown(path):  # paths under --base (WORK_DIR) are kept relative: a moved WORK_DIR is the same
+        path = os.path.abspath(path)
+        return os.path.relpath(path, base) if base and path.startswith(base + os.sep) else path
+
+    inputs, gone = {}, []
+    for spec, optional in [(s, False) for s in args.input] + [(s, True) for s in args.optional_input]:
+        key, sep, path = spec.partition("=")
+        if not sep or not key or " " in key:
+            raise InputError(f"record: --input needs KEY=PATH (no space in KEY), not {spec!r}")
+        if os.path.isfile(path):
+            inputs[key] = (*fingerprint(path), shown(path))
+        elif optional:
+            # gone since the step was built (e.g. downloaded archives deleted to save space):
+            # trust the record of the file it was built from
+            if old is not None and key in old[1]:
+                inputs[key] = old[1][key]
+                gone.append(shown(path))
+            else:
+                inputs[key] = ("missing", "-", shown(path))
+        else:
+            raise InputError(f"{args.step}: input file {path} is missing")
+    if gone:
+        say(f"{args.step}: {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone; taking "
+            f"{'it' if len(gone) == 1 else 'them'} to be what {args.step} was built from")
+    if not os.path.exists(args.marker):
+        status = "new"
+    elif old is None:
+        status = f"{args.marker} does not record the step's inputs (written by an older prepare.sh)"
+    else:
+        status = _describe_changes(old, (options, inputs)) or "same"
+    out = [status, RECORD_HEADER]
+    out += [f"option {k}={v}" for k, v in options.items()]
+    out += [f"input {k} {size} {sha} {path}" for k, (size, sha, path) in inputs.items()]
+    print("\n".join(out))
+
+
+def cmd_idx_count(args):
+    """Sentences in a fairseq MMapIndexedDataset index: magic, <Q version, <B dtype, <Q count."""
+    with open(args.index, "rb") as f:
+        head = f.read(26)
+    if len(head) == 26 and head[:9] == b"MMIDIDX\x00\x00":
+        print(struct.unpack("<Q", head[18:26])[0])
+    else:
+        print("?")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("sgm2txt")
+    reader = argparse.ArgumentParser(add_help=False)
+    reader.add_argument("--replace-invalid-utf8", action="store_true",
+                        help="replace invalid UTF-8 bytes with U+FFFD instead of stopping")
+    a = sub.add_parser("normalize", parents=[reader])
+    a.add_argument("--output", required=True)
+    a.add_argument("inputs", nargs="+")
+    a.set_defaults(func=cmd_normalize)
+    a = sub.add_parser("sgm2txt", parents=[reader])
     a.add_argument("input")
     a.add_argument("output")
     a.set_defaults(func=cmd_sgm2txt)
-    a = sub.add_parser("tokenize")
+    a = sub.add_parser("tokenize", parents=[reader])
     a.add_argument("--lang", required=True)
     a.add_argument("--workers", type=int, default=1)
     a.add_argument("input")
     a.add_argument("output")
     a.set_defaults(func=cmd_tokenize)
-    a = sub.add_parser("detokenize")
+    a = sub.add_parser("detokenize", parents=[reader])
     a.add_argument("--lang", required=True)
     a.add_argument("input")
     a.add_argument("output")
     a.set_defaults(func=cmd_detokenize)
-    a = sub.add_parser("clean")
+    a = sub.add_parser("clean", parents=[reader])
     a.add_argument("--src", required=True)
     a.add_argument("--tgt", required=True)
     a.add_argument("--min", type=int, default=1)
@@ -183,13 +441,29 @@ def main(argv=None):
     a.add_argument("--workers", type=int, default=1)
     a.add_argument("inputs", nargs="+")
     a.set_defaults(func=cmd_spm_train)
-    a = sub.add_parser("spm-encode")
+    a = sub.add_parser("spm-encode", parents=[reader])
     a.add_argument("--model", required=True)
     a.add_argument("input")
     a.add_argument("output")
     a.set_defaults(func=cmd_spm_encode)
+    a = sub.add_parser("record")
+    a.add_argument("--step", required=True)
+    a.add_argument("--marker", required=True)
+    a.add_argument("--base", help="record input paths under this directory relative to it")
+    a.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    a.add_argument("--input", action="append", default=[], metavar="KEY=PATH")
+    a.add_argument("--optional-input", action="append", default=[], metavar="KEY=PATH",
+                   help="an input that may have been deleted since: then its recorded fingerprint is used")
+    a.set_defaults(func=cmd_record)
+    a = sub.add_parser("idx-count")
+    a.add_argument("index")
+    a.set_defaults(func=cmd_idx_count)
     args = p.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except InputError as e:
+        print(f"[{PREFIX}] error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
