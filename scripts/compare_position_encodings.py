@@ -49,6 +49,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from text_lines import InputError, read_lines  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -97,8 +100,12 @@ def run(cmd, log_path=None, env_extra=None):
 
 
 def read_pairs(raw_dir, split, src, tgt):
-    with open(Path(raw_dir) / f"{split}.{src}") as fs, open(Path(raw_dir) / f"{split}.{tgt}") as ft:
-        return [(a.split(), b.split()) for a, b in zip(fs, ft)]
+    """The sentence pairs of RAW_DIR/SPLIT.{SRC,TGT}, read strictly (scripts/text_lines.py)."""
+    src_path, tgt_path = Path(raw_dir) / f"{split}.{src}", Path(raw_dir) / f"{split}.{tgt}"
+    sources, targets = read_lines(src_path), read_lines(tgt_path)
+    if len(sources) != len(targets):
+        raise InputError(f"{src_path} ({len(sources)} lines) and {tgt_path} ({len(targets)} lines) are not parallel")
+    return [(a.split(), b.split()) for a, b in zip(sources, targets)]
 
 
 def write_pairs(prefix, pairs, src, tgt):
@@ -497,7 +504,10 @@ def main(argv=None):
         groups = json.loads(groups_file.read_text()) if groups_file.exists() and args.gen_subset == "test" else None
     else:
         raw = quickstart_corpus(args.out_dir, args) if args.quickstart_corpus else args.raw_dir
-        data_bin = prepare_raw(raw, args.out_dir, args.source_lang, args.target_lang, args.length_split)
+        try:
+            data_bin = prepare_raw(raw, args.out_dir, args.source_lang, args.target_lang, args.length_split)
+        except InputError as e:
+            sys.exit(f"error: {e}")
         groups = json.loads((data_bin / GROUPS_FILE).read_text())
     if groups is None:
         groups = {args.gen_subset: [0, 10 ** 12]}

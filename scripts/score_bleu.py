@@ -26,6 +26,10 @@ import sys
 
 from sacrebleu.metrics import BLEU
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import text_lines  # noqa: E402
+from text_lines import InputError  # noqa: E402
+
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
 
@@ -35,27 +39,12 @@ def compound_split(line: str) -> str:
 
 
 def read_lines(path):
-    """The lines of a UTF-8 text file, split only at ``\\n`` (a CRLF end is a plain end). A file that
-    is missing, unreadable or not valid UTF-8 stops the script with one line naming it (and the
-    line of the first invalid byte)."""
+    """The lines of a text file, read strictly (scripts/text_lines.py): a missing, unreadable or
+    non-UTF-8 file stops the script with one line naming it (and the line of the first bad byte)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        sys.exit(f"error: cannot read {path}: {e.strerror}")
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the file ends with "\n": no extra empty line
-    out = []
-    for number, raw in enumerate(lines, 1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            out.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            sys.exit(f"error: {path}: line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
-                     f"{e.start + 1} of the line)")
-    return out
+        return text_lines.read_lines(path)
+    except InputError as e:
+        sys.exit(f"error: {e}")
 
 
 def moses_tokenize(lines, lang):

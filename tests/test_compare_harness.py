@@ -105,3 +105,21 @@ def test_plot_rope_decay_redraws_fig2(tmp_path):
     assert len(bound) == 257
     assert bound[0] == pytest.approx(32.5)  # distance 0: mean of |S_j| = j over j = 1..64
     assert max(bound[200:]) < bound[20] < bound[0]  # decays with distance (Fig. 2)
+
+
+def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
+    """A \\r or U+2028 inside a line is a space, not a line break (which would pair sentences with
+    the translations of others); a side with another number of lines or invalid UTF-8 is refused."""
+    (tmp_path / "train.en").write_bytes("a b\rc\nd e\nf\n".encode())
+    (tmp_path / "train.de").write_bytes("A B C\nD\u2028E\nF\n".encode())
+    assert harness.read_pairs(tmp_path, "train", "en", "de") == [
+        (["a", "b", "c"], ["A", "B", "C"]), (["d", "e"], ["D", "E"]), (["f"], ["F"])]
+    (tmp_path / "valid.en").write_text("a\nb\n")
+    (tmp_path / "valid.de").write_text("A\n")
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
+    assert "valid.en (2 lines)" in str(e.value) and "not parallel" in str(e.value)
+    (tmp_path / "valid.de").write_bytes(b"A\n\xe9\n")
+    with pytest.raises(SystemExit) as e:
+        harness.main(["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
+    assert f"{tmp_path / 'valid.de'}: line 2: invalid UTF-8" in str(e.value)

@@ -46,74 +46,29 @@ import struct
 import sys
 import unicodedata
 from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import text_lines  # noqa: E402
+from text_lines import InputError  # noqa: E402
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
-# characters that str.splitlines(), Python's universal newlines or other tools take for a line
-# break; inside a line each becomes a space
-LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
-_BREAKS_TO_SPACE = str.maketrans({ch: " " for ch in LINE_BREAKS})
-_BREAKS_RE = re.compile(f"[{re.escape(LINE_BREAKS)}]")
-
-
-class InputError(Exception):
-    """A problem with the user's input: reported as one line, without a traceback."""
 
 
 def say(message):
     print(f"[{PREFIX}] {message}", file=sys.stderr)
 
 
-class LineReader:
-    """Iterate over the lines of a file as str: split only at b"\\n" (no trailing "\\n" kept; a
-    last line without one counts, no empty line is added after a final "\\n"), a CRLF end
-    becomes a plain end, in-line line-break characters become spaces, and bytes are decoded
-    strictly as UTF-8 unless ``replace`` (then ``replaced`` counts the lines that had invalid
-    bytes and ``first_replaced`` is the first of them). ``broken`` counts the lines in which
-    line-break characters were replaced."""
+class LineReader(text_lines.LineReader):
+    """The strict reader of scripts/text_lines.py, whose invalid-UTF-8 error offers this tool's
+    way out, and which reports its replacements as [PREFIX] lines."""
 
-    def __init__(self, path, replace=False):
-        self.path, self.replace = path, replace
-        self.lines = self.replaced = self.broken = 0
-        self.first_replaced = None
-
-    def __iter__(self):
-        try:
-            f = open(self.path, "rb")
-        except OSError as e:
-            raise InputError(f"cannot read {self.path}: {e.strerror}") from None
-        with f:
-            for number, raw in enumerate(f, 1):
-                self.lines = number
-                if raw.endswith(b"\n"):
-                    raw = raw[:-1]
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    if not self.replace:
-                        raise InputError(
-                            f"{self.path}: line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
-                            f"{e.start + 1} of the line); fix the file, or pass --replace-invalid-utf8 to "
-                            f"replace invalid bytes with U+FFFD") from None
-                    line = raw.decode("utf-8", errors="replace")
-                    self.replaced += 1
-                    if self.first_replaced is None:
-                        self.first_replaced = number
-                if _BREAKS_RE.search(line):
-                    line = line.translate(_BREAKS_TO_SPACE)
-                    self.broken += 1
-                yield line
+    fix = "fix the file, or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD"
 
     def report(self):
-        """Say what was changed, per file (nothing when nothing was)."""
-        if self.replaced:
-            say(f"{self.path}: replaced invalid UTF-8 with U+FFFD in {self.replaced} "
-                f"line{'s' if self.replaced != 1 else ''} (first: line {self.first_replaced})")
-        if self.broken:
-            say(f"{self.path}: {self.broken} line{'s' if self.broken != 1 else ''} had line-break "
-                f"characters (\\r, U+2028, ...) inside; replaced by spaces")
+        for change in self.changes():
+            say(change)
 
 
 def remove_non_printing(text: str) -> str:

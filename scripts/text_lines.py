@@ -1,0 +1,82 @@
+"""Reading a user's text file as lines, the one way every tool here does it.
+
+A parallel corpus is two files whose line *n* belong together, so a line must end only where the
+file has a ``\\n``. Python's text mode also ends lines at ``\\r``, ``str.splitlines()`` at U+2028
+and seven other characters, and decoding with ``errors="replace"`` hides a wrong encoding: each
+would pair sentences with the translations of others, or corrupt them, without a word.
+:class:`LineReader` splits only at ``\\n`` (a CRLF end is a plain end), turns every other
+line-break character inside a line into a space, and decodes strictly as UTF-8, stopping at the
+first invalid byte with the file and line (:class:`InputError`), unless asked to replace.
+"""
+
+import re
+
+# characters that str.splitlines(), Python's universal newlines or other tools take for a line
+# break; inside a line each becomes a space
+LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAKS_TO_SPACE = str.maketrans({ch: " " for ch in LINE_BREAKS})
+_BREAKS_RE = re.compile(f"[{re.escape(LINE_BREAKS)}]")
+
+
+class InputError(Exception):
+    """A problem with the user's input: reported as one line, without a traceback."""
+
+
+class LineReader:
+    """Iterate over the lines of a file as str: split only at b"\\n" (no trailing "\\n" kept; a
+    last line without one counts, no empty line is added after a final "\\n"), a CRLF end
+    becomes a plain end, in-line line-break characters become spaces, and bytes are decoded
+    strictly as UTF-8 unless ``replace`` (then ``replaced`` counts the lines that had invalid
+    bytes and ``first_replaced`` is the first of them). ``broken`` counts the lines in which
+    line-break characters were replaced."""
+
+    fix = "fix the file"  # what the invalid-UTF-8 error advises
+
+    def __init__(self, path, replace=False):
+        self.path, self.replace = path, replace
+        self.lines = self.replaced = self.broken = 0
+        self.first_replaced = None
+
+    def __iter__(self):
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise InputError(f"cannot read {self.path}: {e.strerror}") from None
+        with f:
+            for number, raw in enumerate(f, 1):
+                self.lines = number
+                if raw.endswith(b"\n"):
+                    raw = raw[:-1]
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if not self.replace:
+                        raise InputError(
+                            f"{self.path}: line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                            f"{e.start + 1} of the line); {self.fix}") from None
+                    line = raw.decode("utf-8", errors="replace")
+                    self.replaced += 1
+                    if self.first_replaced is None:
+                        self.first_replaced = number
+                if _BREAKS_RE.search(line):
+                    line = line.translate(_BREAKS_TO_SPACE)
+                    self.broken += 1
+                yield line
+
+    def changes(self):
+        """What reading changed, one message per kind (none when nothing was)."""
+        changes = []
+        if self.replaced:
+            changes.append(f"{self.path}: replaced invalid UTF-8 with U+FFFD in {self.replaced} "
+                           f"line{'s' if self.replaced != 1 else ''} (first: line {self.first_replaced})")
+        if self.broken:
+            changes.append(f"{self.path}: {self.broken} line{'s' if self.broken != 1 else ''} had line-break "
+                           f"characters (\\r, U+2028, ...) inside; replaced by spaces")
+        return changes
+
+
+def read_lines(path):
+    """All lines of a user's text file, strictly (see :class:`LineReader`)."""
+    return list(LineReader(path))
