@@ -80,6 +80,8 @@ class RopeOptions:
             )
         if self.values and self.attention_kind == "linear":
             raise OptionError("--rope-values cannot be combined with --attention-kind linear")
+        if getattr(args, "cross_self_attention", False):
+            raise OptionError("--cross-self-attention is not supported by transformer_rope")
         for side in ("encoder", "decoder"):
             embed_dim = getattr(args, f"{side}_embed_dim")
             heads = getattr(args, f"{side}_attention_heads")
@@ -119,8 +121,6 @@ class RotaryTransformerDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if cfg.cross_self_attention:
-            raise OptionError("--cross-self-attention is not supported by transformer_rope")
         kwargs = dict(causal=True) if self.rope.attention_kind == "linear" else {}
         return self.rope.self_attention_class()(
             embed_dim,

@@ -44,8 +44,6 @@ class RelativeTransformerDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if cfg.cross_self_attention:
-            raise OptionError("--cross-self-attention is not supported by transformer_rpe")
         return RelativePositionMultiheadAttention(
             embed_dim,
             cfg.decoder.attention_heads,
@@ -107,6 +105,8 @@ def _rpe_architecture(args, transformer_architecture):
     args.no_token_positional_embeddings = True
     transformer_architecture(args)
     check_max_distance(args.rpe_max_distance)
+    if getattr(args, "cross_self_attention", False):
+        raise OptionError("--cross-self-attention is not supported by transformer_rpe")
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe")
