@@ -1,0 +1,159 @@
+"""scripts/export_ctranslate2.py: the exported directory is a plain CTranslate2 model that
+translates like fairseq-generate (RoPE in both layouts with partial rotation, linear scaling,
+the sinusoidal baseline); a wrong rotary setting breaks that; unsupported models are refused
+before anything is written."""
+
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+
+from conftest import REPO, build_model, run_cli
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+spec = importlib.util.spec_from_file_location("export_ctranslate2", REPO / "scripts" / "export_ctranslate2.py")
+exporter = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(exporter)
+
+EXPORT = REPO / "scripts" / "export_ctranslate2.py"
+
+MODELS = {  # name -> training flags (reversal needs positions: a wrong rotation shows)
+    "rope": ["--arch", "transformer_rope_tiny"],
+    "rope_half_partial": ["--arch", "transformer_rope_tiny", "--rope-layout", "half", "--rope-fraction", "0.5",
+                          "--rope-theta", "500"],
+    "sinusoidal": ["--arch", "transformer_tiny"],
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data_bin, tmp_path_factory):
+    data_bin, root = tiny_data_bin / "data-bin", tmp_path_factory.mktemp("ct2_models")
+    checkpoints = {}
+    for name, flags in MODELS.items():
+        save_dir = root / name
+        run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", *flags, "--task", "translation", "--cpu",
+                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-3", "--lr-scheduler",
+                 "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1500", "--max-update", "150",
+                 "--seed", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
+                 "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"])
+        checkpoints[name] = save_dir / "checkpoint_last.pt"
+    return data_bin, checkpoints
+
+
+def fairseq_generate(data_bin, checkpoint, beam, *extra):
+    """{sentence id: (source, hypothesis, reference)} as fairseq-generate prints them (tokens)."""
+    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--path", checkpoint, "--cpu",
+                    "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra])
+    lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", proc.stdout, re.M)}
+             for kind in "SHT"}
+    assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys()
+    return {i: (lines["S"][i], lines["H"][i], lines["T"][i]) for i in lines["S"]}
+
+
+def ct2_translate(model_dir, sources, beam):
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
+    results = translator.translate_batch(sources, beam_size=beam, length_penalty=0.6, max_decoding_length=256)
+    return [r.hypotheses[0] for r in results]
+
+
+def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra):
+    """Share of identical hypotheses, and corpus BLEU of each engine against the references."""
+    from sacrebleu.metrics import BLEU
+
+    fairseq = fairseq_generate(data_bin, checkpoint, beam, *generate_extra)
+    ids = sorted(fairseq)
+    ct2 = ct2_translate(model_dir, [fairseq[i][0] for i in ids], beam)
+    same = sum(fairseq[i][1] == hyp for i, hyp in zip(ids, ct2)) / len(ids)
+    refs = [[" ".join(fairseq[i][2]) for i in ids]]
+    bleu = BLEU(tokenize="none")
+    return (same, bleu.corpus_score([" ".join(fairseq[i][1]) for i in ids], refs).score,
+            bleu.corpus_score([" ".join(h) for h in ct2], refs).score)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name):
+    data_bin, checkpoints = trained
+    out = tmp_path / "ct2"
+    if name == "rope":  # the command line once; the other models in-process (a second faster)
+        run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints[name], "--data-bin", data_bin, "--output-dir", out])
+    else:
+        exporter.export(str(checkpoints[name]), str(data_bin), str(out))
+    info = json.loads((out / exporter.EXPORT_INFO).read_text())
+    assert info["checkpoint"] == str(checkpoints[name].resolve()) and info["quantization"] == "none"
+    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 1)
+    assert same == 1.0  # greedy: token for token on every sentence
+    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 4)
+    assert same >= 0.98 and abs(fairseq_bleu - ct2_bleu) <= 0.1, (same, fairseq_bleu, ct2_bleu)
+    assert fairseq_bleu > 20  # a model that learned the task: a wrong rotation cannot go unseen
+
+
+def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp_path):
+    data_bin, checkpoints = trained
+    out = tmp_path / "ct2_linear"
+    run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin, "--output-dir", out,
+             "--rope-scaling", "linear", "--rope-scaling-factor", "2"])
+    override = ["--model-overrides", "{'rope_scaling': 'linear', 'rope_scaling_factor': 2.0}"]
+    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints["rope"], out, 1, *override)
+    assert same == 1.0
+    unscaled = fairseq_generate(data_bin, checkpoints["rope"], 1)
+    scaled = fairseq_generate(data_bin, checkpoints["rope"], 1, *override)
+    assert any(unscaled[i][1] != scaled[i][1] for i in unscaled)  # the scaling changes something
+
+
+@pytest.mark.parametrize("wrong", [{"rotary_interleave": False}, {"rotary_base": 500.0}])
+def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkeypatch, wrong):
+    data_bin, checkpoints = trained
+    right = exporter._rotary_settings
+    monkeypatch.setattr(exporter, "_rotary_settings", lambda args, head_dim: {**right(args, head_dim), **wrong})
+    out = exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "wrong"))
+    same, _, _ = agreement(data_bin, checkpoints["rope"], out, 1)
+    assert same < 0.9
+
+
+def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
+    """int8 changes the numbers, so only the model's competence is checked here; its BLEU on a
+    real test set is measured by scripts/benchmark_ctranslate2.py."""
+    data_bin, checkpoints = trained
+    exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "float32"))
+    int8 = exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "int8"), quantization="int8")
+    assert json.loads((tmp_path / "int8" / exporter.EXPORT_INFO).read_text())["quantization"] == "int8"
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * (tmp_path / "float32" / "model.bin").stat().st_size
+    _, fairseq_bleu, int8_bleu = agreement(data_bin, checkpoints["rope"], int8, 4)
+    assert int8_bleu > 20, (fairseq_bleu, int8_bleu)
+
+
+@pytest.mark.parametrize("arch, flags, named", [
+    ("transformer_rope_tiny", ["--rope-cross-attention"], "--rope-cross-attention"),
+    ("transformer_rope_tiny", ["--rope-values"], "--rope-values"),
+    ("transformer_rope_tiny", ["--attention-kind", "linear"], "--attention-kind linear"),
+    ("transformer_rope_tiny", ["--rope-scaling", "ntk", "--rope-scaling-factor", "2"], "--rope-scaling ntk"),
+    ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "2",
+                               "--rope-scaling-original-length", "20"], "--rope-scaling yarn"),
+    ("transformer_rope_tiny", ["--encoder-normalize-before"], "--encoder-normalize-before"),
+    ("transformer_rpe_tiny", [], "--arch transformer_rpe_tiny"),
+    ("transformer_tiny", ["--no-token-positional-embeddings"], "--no-token-positional-embeddings"),
+    ("transformer_tiny", ["--activation-fn", "tanh"], "--activation-fn tanh"),
+])
+def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
+    _, _, args = build_model(arch, *flags)
+    with pytest.raises(exporter.ExportRefused, match=re.escape(named)):
+        exporter.check_exportable(args)
+
+
+def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
+    data_bin, checkpoints = trained
+    out = tmp_path / "refused"
+    proc = run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
+                    "--output-dir", out, "--rope-scaling", "yarn", "--rope-scaling-factor", "2",
+                    "--rope-scaling-original-length", "20"], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("export_ctranslate2.py: error: --rope-scaling yarn")
+    assert list(tmp_path.iterdir()) == []
+    # an existing output is kept unless --force
+    out.mkdir()
+    proc = run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
+                    "--output-dir", out], check=False)
+    assert proc.returncode == 2 and "pass --force" in proc.stderr and list(out.iterdir()) == []
