@@ -158,6 +158,23 @@ def _checkpoint_identity(path):
     return {"checkpoint": os.path.realpath(path), "size": stat.st_size, "sha256": digest.hexdigest()}
 
 
+def is_current(output_dir, checkpoint, quantization="none", overrides=None) -> bool:
+    """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
+    quantization and inference overrides."""
+    info_path = os.path.join(output_dir, EXPORT_INFO)
+    if not os.path.isfile(os.path.join(output_dir, "model.bin")) or not os.path.isfile(info_path):
+        return False
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if (info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
+            quantization, overrides or {}, os.path.getsize(checkpoint)):
+        return False
+    return info.get("sha256") == _checkpoint_identity(checkpoint)["sha256"]
+
+
 def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None):
     """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its path.
     ``overrides``: inference options, as ``--model-overrides`` takes them at generate time."""
@@ -218,6 +235,9 @@ def main(argv=None):
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="weight type of the exported model (default: none, i.e. float32)")
     p.add_argument("--force", action="store_true", help="replace --output-dir if it exists")
+    p.add_argument("--if-changed", action="store_true",
+                   help="do nothing when --output-dir already holds an export of this checkpoint (size and "
+                        "sha256) with the same --quantization and scaling; otherwise export (with --force: over it)")
     p.add_argument("--rope-scaling", help="decode with rescaled frequencies, as --model-overrides does at "
                                           "generate time (CTranslate2 has linear)")
     p.add_argument("--rope-scaling-factor", type=float)
@@ -229,6 +249,9 @@ def main(argv=None):
         p.exit(2, f"{p.prog}: error: --checkpoint {args.checkpoint} is not a file\n")
     if not os.path.isdir(args.data_bin):
         p.exit(2, f"{p.prog}: error: --data-bin {args.data_bin} is not a directory\n")
+    if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides):
+        print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
+        return
     # SIGTERM unwinds like Ctrl-C: the temporary directory is removed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:

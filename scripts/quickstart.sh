@@ -11,7 +11,10 @@
 # 3. train on CPU (examples/wmt14_en_de/train.sh), checkpoints every SAVE_INTERVAL updates
 # 4. average the last NUM_AVG checkpoints (examples/wmt14_en_de/average.sh)
 # 5. beam-4, lenpen-0.6 decode of the test set and BLEU: tokenized compound-split BLEU and
-#    sacreBLEU with its signature (examples/wmt14_en_de/evaluate.sh)
+#    sacreBLEU with its signature (examples/wmt14_en_de/evaluate.sh); then the averaged model is
+#    exported to CTranslate2 and the same test set decoded with it (ENGINE=ctranslate2, same beam,
+#    length penalty, batch size and thread count), and both engines' BLEU and sentences per second
+#    (decoding only, model loading excluded) are printed side by side
 # 6. a PNG plot of training and validation loss per update (scripts/plot_losses.py)
 #
 # Every step is skipped when its output is already complete, so a second run only reprints the
@@ -123,9 +126,25 @@ SAVE_DIR="$SAVE_DIR" NUM="$NUM_AVG" KIND=update OUTPUT="$SAVE_DIR/checkpoint.avg
 say "5/6 beam-4 decoding of the $TEST_SIZE test sentences and scoring"
 EVAL_DIR="$SAVE_DIR/eval_avg${NUM_AVG}_test"
 WORK_DIR="$PREP" SAVE_DIR="$SAVE_DIR" CHECKPOINT="$SAVE_DIR/checkpoint.avg$NUM_AVG.pt" CPU=1 \
-    OUT_DIR="$EVAL_DIR" BEAM=4 LENPEN=0.6 SRC=en TGT=de \
+    OUT_DIR="$EVAL_DIR" BEAM=4 LENPEN=0.6 SRC=en TGT=de THREADS="$THREADS" \
     bash "$RECIPE/evaluate.sh" > "$EVAL_DIR.log" 2>&1 \
     || { tail -n 20 "$EVAL_DIR.log" >&2; die "evaluation failed (log: $EVAL_DIR.log)"; }
+# the same decoding with CTranslate2 (evaluate.sh exports the averaged model first)
+CT2_EVAL_DIR="$SAVE_DIR/eval_avg${NUM_AVG}_test_ct2"
+CT2_OK=0
+if ! python -c "import ctranslate2" 2>/dev/null; then
+    say "    CTranslate2 is not installed (run 'make setup'): no engine comparison"
+else
+    say "    exporting the averaged model to CTranslate2 and decoding the same test set with it"
+    if WORK_DIR="$PREP" SAVE_DIR="$SAVE_DIR" CHECKPOINT="$SAVE_DIR/checkpoint.avg$NUM_AVG.pt" CPU=1 \
+        ENGINE=ctranslate2 CT2_DIR="$SAVE_DIR/ct2_avg$NUM_AVG" OUT_DIR="$CT2_EVAL_DIR" \
+        BEAM=4 LENPEN=0.6 SRC=en TGT=de THREADS="$THREADS" \
+        bash "$RECIPE/evaluate.sh" > "$CT2_EVAL_DIR.log" 2>&1; then
+        CT2_OK=1
+    else  # e.g. a MODEL_ARGS option CTranslate2 cannot compute: the fairseq results still stand
+        say "    CTranslate2 decoding failed, no engine comparison: $(grep -m 1 -i 'error' "$CT2_EVAL_DIR.log" || tail -n 1 "$CT2_EVAL_DIR.log")"
+    fi
+fi
 
 # 6. plot
 say "6/6 plotting the losses"
@@ -143,6 +162,21 @@ fi
 echo "================================================================================"
 echo "$ARCH, averaged last $NUM_AVG checkpoints, beam 4, lenpen 0.6, $TEST_SIZE test sentences:"
 sed 's/^/  /' "$EVAL_DIR/scores.txt"
+if [[ "$CT2_OK" == 1 ]]; then
+    engine_row() {  # engine_row NAME EVAL_DIR: tokenized BLEU, sacreBLEU, sentences per second
+        local tok sacre speed
+        tok="$(sed -n 's/^Tokenized BLEU (compound split): \([0-9.]*\).*/\1/p' "$2/scores.txt")"
+        sacre="$(sed -n 's/^sacreBLEU: \([0-9.]*\).*/\1/p' "$2/scores.txt")"
+        speed="$(sed -n 's/.* \([0-9.]*\) sentences\/s.*/\1/p' "$2/speed.txt" 2>/dev/null)"
+        printf '  %-12s %9s %10s %12s\n' "$1" "${tok:-?}" "${sacre:-?}" "${speed:-?}"
+    }
+    echo "Engines, same $TEST_SIZE sentences, beam 4, lenpen 0.6, $THREADS CPU thread(s), decoding time only:"
+    printf '  %-12s %9s %10s %12s\n' engine "tok BLEU" sacreBLEU "sentences/s"
+    engine_row fairseq "$EVAL_DIR"
+    engine_row ctranslate2 "$CT2_EVAL_DIR"
+    echo "CTranslate2: $SAVE_DIR/ct2_avg$NUM_AVG"
+    echo "Translate:   python scripts/translate.py --work-dir $PREP --model-dir $SAVE_DIR/ct2_avg$NUM_AVG FILE"
+fi
 echo "Hypotheses:  $EVAL_DIR/hyp.detok.de"
 echo "Loss plot:   $PNG"
 echo "Total time:  $(( $(date +%s) - START )) s"

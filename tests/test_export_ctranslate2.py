@@ -157,3 +157,17 @@ def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
     proc = run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
                     "--output-dir", out], check=False)
     assert proc.returncode == 2 and "pass --force" in proc.stderr and list(out.iterdir()) == []
+
+
+def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
+    data_bin, checkpoints = trained
+    run_cli([sys.executable, REPO / "scripts" / "benchmark_ctranslate2.py", "--checkpoint", checkpoints["rope"],
+             "--data-bin", data_bin, "--out-dir", tmp_path, "--threads", "1", "--reps", "1"])
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["engine"], r["compute_type"], r["backend"]) for r in rows] == [
+        ("fairseq-generate", "float32", ""), ("ctranslate2", "float32", "MKL"),
+        ("ctranslate2", "float32", "CT2_USE_MKL=0"), ("ctranslate2", "int8", "MKL"), ("ctranslate2", "int8", "CT2_USE_MKL=0")]
+    fairseq, float32 = rows[0], rows[1]
+    assert fairseq["speedup"] == 1.0 and fairseq["identical_to_fairseq"] == fairseq["sentences"]
+    assert float32["identical_to_fairseq"] >= 0.98 * float32["sentences"] and abs(float32["bleu"] - fairseq["bleu"]) <= 0.1
+    assert "| ctranslate2 | int8 |" in (tmp_path / "results.md").read_text()

@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # Translate the test set with a checkpoint and score it.
-#   fairseq-generate --beam 4 --lenpen 0.6 --remove-bpe  (Vaswani et al.'s decoding)
+#   ENGINE=fairseq (default): fairseq-generate --beam 4 --lenpen 0.6 --remove-bpe (Vaswani et al.'s decoding)
+#   ENGINE=ctranslate2: export the checkpoint to CTranslate2 (scripts/export_ctranslate2.py, into
+#     CT2_DIR; skipped when CT2_DIR was exported from this same checkpoint: size and sha256 in its
+#     export_info.json) and decode the BPE'd test source WORK_DIR/bpe/SUBSET.SRC with
+#     scripts/translate.py: the same beam, length penalty and 200-token limit, BPE removed the same way
 #   -> tokenized BLEU with compound splitting (the convention behind the paper's 27.3 / 27.5)
 #   -> sacreBLEU on detokenized output, with its signature
-# Files written to OUT_DIR: generate.out (fairseq's full output), hyp.tok.TGT (tokenized
-# hypotheses in test order), hyp.detok.TGT, scores.json, scores.txt.
+# Files written to OUT_DIR: generate.out (fairseq's full output; fairseq engine), hyp.tok.TGT
+# (tokenized hypotheses in test order), hyp.detok.TGT, scores.json, scores.txt, speed.txt
+# (sentences per second of decoding, model loading excluded).
 # Skipped when OUT_DIR/scores.json exists and is newer than the checkpoint.
 #
 #   bash examples/wmt14_en_de/evaluate.sh
+#   bash examples/wmt14_en_de/evaluate.sh --engine ctranslate2      # or ENGINE=ctranslate2
 #   CHECKPOINT=work/wmt14_en_de/checkpoints/transformer_wmt_en_de/checkpoint_best.pt bash examples/wmt14_en_de/evaluate.sh
 #
-# Knobs (environment, defaults shown below).
+# Knobs (environment, defaults shown below); --engine wins over ENGINE.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+die() { printf '[evaluate] error: %s\n' "$*" >&2; exit 1; }
+log() { printf '[evaluate] %s\n' "$*" >&2; }
+
+ENGINE="${ENGINE:-fairseq}"                # fairseq | ctranslate2
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --engine) [[ $# -ge 2 && -n "$2" ]] || die "--engine needs a value (fairseq or ctranslate2)"
+                  ENGINE="$2"; shift 2 ;;
+        --engine=*) ENGINE="${1#--engine=}"; shift ;;
+        -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) die "unknown option '$1' (the knobs are environment variables; see --help)" ;;
+    esac
+done
 WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
 DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
 ARCH="${ARCH:-transformer_rope_wmt_en_de}"
@@ -29,12 +48,20 @@ MAX_TOKENS="${MAX_TOKENS:-8000}"
 BATCH_SIZE="${BATCH_SIZE:-128}"
 REF_TOK="${REF_TOK:-$WORK_DIR/tok/$SUBSET.$TGT}"   # Moses-tokenized reference
 REF_RAW="${REF_RAW:-$WORK_DIR/raw/$SUBSET.$TGT}"   # untokenized reference (sacreBLEU)
-OUT_DIR="${OUT_DIR:-$SAVE_DIR/eval_$(basename "$CHECKPOINT" .pt)_$SUBSET}"
 CPU="${CPU:-auto}"
 FP16="${FP16:-auto}"
-
-die() { printf '[evaluate] error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[evaluate] %s\n' "$*" >&2; }
+THREADS="${THREADS:-${OMP_NUM_THREADS:-}}"         # CPU threads of either engine (empty: its default)
+# ENGINE=ctranslate2 only:
+BPE_SRC="${BPE_SRC:-$WORK_DIR/bpe/$SUBSET.$SRC}"   # the BPE'd source the data-bin's SUBSET was made from
+QUANTIZATION="${QUANTIZATION:-none}"               # export: none, int8, int8_float32, float16, bfloat16
+CT2_DIR="${CT2_DIR:-$SAVE_DIR/ct2_$(basename "$CHECKPOINT" .pt)$([[ "$QUANTIZATION" == none ]] || echo "_$QUANTIZATION")}"
+COMPUTE_TYPE="${COMPUTE_TYPE:-}"                   # empty: as exported (float16 on GPU unless FP16=0)
+case "$ENGINE" in
+    fairseq) ENGINE_SUFFIX="" ;;
+    ctranslate2) ENGINE_SUFFIX="_ct2$([[ "$QUANTIZATION" == none ]] || echo "_$QUANTIZATION")${COMPUTE_TYPE:+_$COMPUTE_TYPE}" ;;
+    *) die "--engine (ENGINE) must be fairseq or ctranslate2, not '$ENGINE'" ;;
+esac
+OUT_DIR="${OUT_DIR:-$SAVE_DIR/eval_$(basename "$CHECKPOINT" .pt)_$SUBSET$ENGINE_SUFFIX}"
 
 [[ -f "$CHECKPOINT" ]] || die "no checkpoint $CHECKPOINT: run train.sh and average.sh first (or set CHECKPOINT)"
 [[ -f "$DATA_BIN/dict.$TGT.txt" ]] || die "no data-bin at $DATA_BIN: run prepare.sh first (or set DATA_BIN)"
@@ -54,27 +81,75 @@ case "$BPE_TYPE" in
     sentencepiece) REMOVE_BPE=(--remove-bpe sentencepiece) ;;
     *) die "unknown BPE type '$BPE_TYPE' in $DATA_BIN/bpe_type" ;;
 esac
-DEVICE_ARGS=()
 if [[ "$CPU" == auto ]]; then
-    if python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then CPU=0; else CPU=1; fi
+    if [[ "$ENGINE" == ctranslate2 ]]; then
+        probe='import ctranslate2, sys; sys.exit(0 if ctranslate2.get_cuda_device_count() else 1)'
+    else
+        probe='import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'
+    fi
+    if python -c "$probe" 2>/dev/null; then CPU=0; else CPU=1; fi
 fi
-if [[ "$CPU" == 1 ]]; then DEVICE_ARGS+=(--cpu); elif [[ "$FP16" != 0 ]]; then DEVICE_ARGS+=(--fp16); fi
+[[ -z "$THREADS" || "$THREADS" =~ ^[1-9][0-9]*$ ]] || die "THREADS must be a positive whole number, not '$THREADS'"
+n_ref=$(wc -l < "$REF_TOK")
 
-log "translating $SUBSET with $CHECKPOINT (beam $BEAM, lenpen $LENPEN)"
-# --user-dir: registers transformer_rope and allow-lists what torch's safe loading needs.
-# --required-batch-size-multiple 1: with fairseq's default of 8, fairseq 0.12 drops the
-# last (longest) batch of the test set without a word; the line count check below catches that.
-fairseq-generate "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$SUBSET" \
-    --path "$CHECKPOINT" --user-dir "$ROOT/fairseq_rope" \
-    --beam "$BEAM" --lenpen "$LENPEN" "${REMOVE_BPE[@]}" \
-    --max-tokens "$MAX_TOKENS" --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${DEVICE_ARGS[@]}" \
-    > "$OUT_DIR/generate.out.tmp" 2> "$OUT_DIR/generate.log" \
-    || { tail -n 20 "$OUT_DIR/generate.log" >&2; die "fairseq-generate failed (log: $OUT_DIR/generate.log)"; }
-mv "$OUT_DIR/generate.out.tmp" "$OUT_DIR/generate.out"
+if [[ "$ENGINE" == fairseq ]]; then
+    DEVICE_ARGS=()
+    if [[ "$CPU" == 1 ]]; then DEVICE_ARGS+=(--cpu); elif [[ "$FP16" != 0 ]]; then DEVICE_ARGS+=(--fp16); fi
+    log "translating $SUBSET with $CHECKPOINT (fairseq, beam $BEAM, lenpen $LENPEN)"
+    # --user-dir: registers transformer_rope and allow-lists what torch's safe loading needs.
+    # --required-batch-size-multiple 1: with fairseq's default of 8, fairseq 0.12 drops the
+    # last (longest) batch of the test set without a word; the line count check below catches that.
+    THREAD_ENV=()
+    [[ -z "$THREADS" ]] || THREAD_ENV=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS")
+    "${THREAD_ENV[@]}" fairseq-generate "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$SUBSET" \
+        --path "$CHECKPOINT" --user-dir "$ROOT/fairseq_rope" \
+        --beam "$BEAM" --lenpen "$LENPEN" "${REMOVE_BPE[@]}" \
+        --max-tokens "$MAX_TOKENS" --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${DEVICE_ARGS[@]}" \
+        > "$OUT_DIR/generate.out.tmp" 2> "$OUT_DIR/generate.log" \
+        || { tail -n 20 "$OUT_DIR/generate.log" >&2; die "fairseq-generate failed (log: $OUT_DIR/generate.log)"; }
+    mv "$OUT_DIR/generate.out.tmp" "$OUT_DIR/generate.out"
 
-# hypotheses back in test-set order (fairseq prints them by batch)
-grep '^H-' "$OUT_DIR/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$OUT_DIR/hyp.tok.$TGT"
-n_hyp=$(wc -l < "$OUT_DIR/hyp.tok.$TGT"); n_ref=$(wc -l < "$REF_TOK")
+    # hypotheses back in test-set order (fairseq prints them by batch)
+    grep '^H-' "$OUT_DIR/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$OUT_DIR/hyp.tok.$TGT"
+    # fairseq-generate's own timing: the decoding of the whole set, model loading excluded
+    # ("Translated 3,003 sentences (86,817 tokens) in 41.2s (72.89 sentences/s, ...)")
+    sed -n 's/.*Translated \([0-9,]*\) sentences ([0-9,]* tokens) in [0-9.]*s (\([0-9.]*\) sentences\/s.*/\1 \2/p' \
+        "$OUT_DIR/generate.log" | tail -n 1 | tr -d , \
+        | awk -v b="$BEAM" -v t="${THREADS:-default}" '{ printf "fairseq: %d sentences in %.2f s of decoding, %.2f sentences/s (beam %s, threads %s)\n", $1, ($2 > 0 ? $1 / $2 : 0), $2, b, t }' \
+        > "$OUT_DIR/speed.txt"
+else
+    python -c 'import ctranslate2' 2>/dev/null || die "ENGINE=ctranslate2 needs the ctranslate2 package: run 'make setup'"
+    [[ -f "$BPE_SRC" ]] || die "no BPE'd source $BPE_SRC: run prepare.sh first (or set BPE_SRC)"
+    n_src=$(wc -l < "$BPE_SRC")
+    [[ "$n_src" -eq "$n_ref" ]] || die "$BPE_SRC has $n_src lines but the reference $REF_TOK has $n_ref"
+
+    # 1. export, unless CT2_DIR already holds this very checkpoint (size, sha256) at this quantization
+    python "$ROOT/scripts/export_ctranslate2.py" --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
+        --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" --if-changed --force > "$OUT_DIR/export.log" 2>&1 \
+        || { grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 5 >&2; die "export to CTranslate2 failed (log: $OUT_DIR/export.log)"; }
+    grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 1 | sed 's/^/[evaluate] /' >&2
+
+    # 2. decode the BPE'd source: tokenized hypotheses, BPE removed as fairseq-generate does
+    DEVICE=cpu
+    if [[ "$CPU" == 0 ]]; then
+        DEVICE=cuda
+        if [[ -z "$COMPUTE_TYPE" && "$FP16" != 0 ]]; then COMPUTE_TYPE=float16; fi
+    fi
+    log "translating $SUBSET with $CT2_DIR (ctranslate2 on $DEVICE, beam $BEAM, lenpen $LENPEN)"
+    python "$ROOT/scripts/translate.py" --engine ctranslate2 --model-dir "$CT2_DIR" --data-bin "$DATA_BIN" \
+        --src "$SRC" --tgt "$TGT" --input-format bpe --output-format tok --beam "$BEAM" --lenpen "$LENPEN" \
+        --batch-size "$BATCH_SIZE" --device "$DEVICE" --compute-type "${COMPUTE_TYPE:-default}" \
+        ${THREADS:+--threads "$THREADS"} --quiet --stats-json "$OUT_DIR/speed.json" \
+        --output "$OUT_DIR/hyp.tok.$TGT" "$BPE_SRC" 2> "$OUT_DIR/translate.log" \
+        || { tail -n 5 "$OUT_DIR/translate.log" >&2; die "CTranslate2 decoding failed (log: $OUT_DIR/translate.log)"; }
+    python - "$OUT_DIR/speed.json" > "$OUT_DIR/speed.txt" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"ctranslate2: {s['sentences']} sentences in {s['seconds']:.2f} s of decoding, "
+      f"{s['sentences_per_second'] or 0:.2f} sentences/s (beam {s['beam']}, threads {s['threads']})")
+PY
+fi
+n_hyp=$(wc -l < "$OUT_DIR/hyp.tok.$TGT")
 [[ "$n_hyp" -eq "$n_ref" ]] || die "$n_hyp hypotheses but $n_ref reference lines in $REF_TOK"
 
 python "$ROOT/scripts/score_bleu.py" --hyp "$OUT_DIR/hyp.tok.$TGT" --ref "$REF_TOK" --raw-ref "$REF_RAW" \

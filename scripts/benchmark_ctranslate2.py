@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Translation speed and BLEU: fairseq-generate against the same model exported to CTranslate2.
+
+    python scripts/benchmark_ctranslate2.py --checkpoint work/quickstart/.../checkpoint.avg5.pt \\
+        --data-bin work/quickstart/.../data-bin --out-dir work/bench_ct2 [--threads 1 2] [--reps 3]
+
+The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
+* ``fairseq-generate`` (its own timer: generation only, model loading excluded), and
+* CTranslate2 (``translate_batch`` on the same sources, model loading excluded), float32 and
+  int8 (exported by scripts/export_ctranslate2.py), each with its CPU backend chosen by
+  ``CT2_USE_MKL`` (1: Intel MKL, 0: its own kernels): the faster backend differs by compute type
+  and processor, so both are measured. Each CTranslate2 configuration runs in a fresh process,
+  since the backend is fixed when the library loads.
+
+Every configuration runs at each ``--threads`` count (``OMP_NUM_THREADS`` for fairseq,
+``intra_threads`` for CTranslate2) ``--reps`` times; the table gives the median time as sentences
+and target tokens per second, the speed-up over fairseq-generate at the same thread count, and
+tokenized BLEU with compound splitting (scripts/score_bleu.py) against the test references.
+``results.json`` and ``results.md`` are written to --out-dir.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from score_bleu import tokenized_bleu  # noqa: E402
+from translate import remove_bpe as remove_bpe_from_line  # noqa: E402
+
+BEAM, LENPEN, BATCH = 4, 0.6, 64
+
+
+def remove_bpe(tokens, bpe_type):
+    return remove_bpe_from_line(" ".join(tokens), bpe_type)
+
+
+def fairseq_generate(checkpoint, data_bin, threads):
+    """(seconds, {id: source tokens}, {id: hypothesis tokens}, {id: reference tokens})."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "fairseq-generate"), str(data_bin), "--user-dir", str(HERE.parent / "fairseq_rope"),
+         "--path", str(checkpoint), "--cpu", "--beam", str(BEAM), "--lenpen", str(LENPEN),
+         "--batch-size", str(BATCH), "--gen-subset", "test"],
+        capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"error: fairseq-generate failed:\n{proc.stderr[-3000:]}")
+    seconds = float(re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", proc.stderr + proc.stdout)[1])
+    lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", proc.stdout, re.M)}
+             for kind in "SHT"}
+    return seconds, lines["S"], lines["H"], lines["T"]
+
+
+def ct2_worker(request):
+    """Runs in its own process (the backend is read when ctranslate2 loads)."""
+    import ctranslate2
+
+    translator = ctranslate2.Translator(request["model_dir"], device="cpu", compute_type=request["compute_type"],
+                                        intra_threads=request["threads"], inter_threads=1)
+    start = time.perf_counter()
+    results = translator.translate_batch(request["sources"], beam_size=BEAM, length_penalty=LENPEN,
+                                         max_batch_size=BATCH, max_decoding_length=256)
+    seconds = time.perf_counter() - start
+    json.dump({"seconds": seconds, "hypotheses": [r.hypotheses[0] for r in results]}, sys.stdout)
+
+
+def ct2_translate(model_dir, compute_type, use_mkl, threads, sources):
+    request = dict(model_dir=str(model_dir), compute_type=compute_type, threads=threads, sources=sources)
+    env = dict(os.environ, CT2_USE_MKL=str(use_mkl), OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, __file__, "--ct2-worker"], input=json.dumps(request),
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"error: CTranslate2 ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}")
+    reply = json.loads(proc.stdout)
+    return reply["seconds"], reply["hypotheses"]
+
+
+def export(checkpoint, data_bin, out_dir, quantization):
+    model_dir = out_dir / f"ct2_{quantization}"
+    if not (model_dir / "model.bin").exists():
+        proc = subprocess.run([sys.executable, str(HERE / "export_ctranslate2.py"), "--checkpoint", str(checkpoint),
+                               "--data-bin", str(data_bin), "--output-dir", str(model_dir), "--quantization",
+                               quantization, "--force"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "error: export failed")
+    return model_dir
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path)
+    p.add_argument("--data-bin", type=Path)
+    p.add_argument("--out-dir", type=Path)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each configuration (median taken)")
+    p.add_argument("--ct2-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.ct2_worker:
+        return ct2_worker(json.load(sys.stdin))
+    for flag in ("checkpoint", "data_bin", "out_dir"):
+        if getattr(args, flag) is None:
+            p.error(f"--{flag.replace('_', '-')} is required")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    bpe_type_file = args.data_bin / "bpe_type"
+    bpe_type = bpe_type_file.read_text().strip() if bpe_type_file.exists() else "subword_nmt"
+
+    rows = []
+    models = {q: export(args.checkpoint, args.data_bin, args.out_dir, q) for q in ("none", "int8")}
+    for threads in args.threads:
+        times, hyps = [], None
+        for _ in range(args.reps):
+            seconds, sources, hyps, refs = fairseq_generate(args.checkpoint, args.data_bin, threads)
+            times.append(seconds)
+        ids = sorted(sources)
+        references = [remove_bpe(refs[i], bpe_type) for i in ids]
+        configs = [("fairseq-generate", "float32", None, times, [hyps[i] for i in ids])]
+        for compute_type, quantization in (("float32", "none"), ("int8", "int8")):
+            for use_mkl in (1, 0):
+                runs = [ct2_translate(models[quantization], compute_type, use_mkl, threads, [sources[i] for i in ids])
+                        for _ in range(args.reps)]
+                configs.append(("ctranslate2", compute_type, use_mkl, [s for s, _ in runs], runs[0][1]))
+        baseline = statistics.median(times)
+        for engine, compute_type, use_mkl, seconds, hypotheses in configs:
+            median = statistics.median(seconds)
+            detok = [remove_bpe(h, bpe_type) for h in hypotheses]
+            rows.append(dict(
+                engine=engine, compute_type=compute_type,
+                backend="" if use_mkl is None else ("MKL" if use_mkl else "CT2_USE_MKL=0"),
+                threads=threads, sentences=len(ids), seconds=[round(s, 3) for s in seconds],
+                sentences_per_s=round(len(ids) / median, 1),
+                tokens_per_s=round(sum(len(h) for h in hypotheses) / median, 1),
+                speedup=round(baseline / median, 2),
+                bleu=round(tokenized_bleu(detok, references)[0].score, 2),
+                identical_to_fairseq=sum(h == hyps[i] for h, i in zip(hypotheses, ids)),
+            ))
+            print(f"{engine:16s} {compute_type:8s} {rows[-1]['backend']:14s} threads {threads}: "
+                  f"{rows[-1]['sentences_per_s']:8.1f} sent/s  x{rows[-1]['speedup']:<5}  BLEU {rows[-1]['bleu']}",
+                  file=sys.stderr)
+
+    header = ("| engine | weights | backend | threads | sentences/s | tokens/s | speed-up | BLEU | identical to fairseq |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    table = header + "".join(
+        f"| {r['engine']} | {r['compute_type']} | {r['backend'] or '-'} | {r['threads']} | {r['sentences_per_s']} | "
+        f"{r['tokens_per_s']} | {r['speedup']}x | {r['bleu']} | {r['identical_to_fairseq']}/{r['sentences']} |\n"
+        for r in rows)
+    report = dict(checkpoint=str(args.checkpoint), data_bin=str(args.data_bin), beam=BEAM, lenpen=LENPEN,
+                  batch_size=BATCH, reps=args.reps, cpu=_cpu_name(), rows=rows)
+    for name, text in (("results.json", json.dumps(report, indent=1) + "\n"), ("results.md", table)):
+        tmp = args.out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, args.out_dir / name)
+    print(table)
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

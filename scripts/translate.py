@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Translate raw text with a trained model, through CTranslate2 or fairseq.
+
+    python scripts/translate.py --work-dir work/wmt14_en_de --model-dir ct2/wmt14_en_de input.en \\
+        --output output.de                                   # an exported CTranslate2 directory
+    python scripts/translate.py --work-dir work/wmt14_en_de --engine fairseq \\
+        --checkpoint work/wmt14_en_de/checkpoints/transformer_rope_wmt_en_de/checkpoint.avg5.pt < input.en
+
+Each input line goes through the recipe's own steps (examples/wmt14_en_de/prepare.sh), read from
+the prepared work directory ``--work-dir``: Moses punctuation normalisation, removal of
+non-printing characters and Moses tokenisation ``-a`` (text_tools.py's tokenize; skipped when the
+work dir was prepared with --no-tokenize), then the BPE of ``bpe/`` (subword-nmt ``bpe/codes``
+with ``bpe/vocab.SRC`` and the recorded vocabulary threshold, or sentencepiece ``bpe/spm.model``).
+It is translated with beam search (beam 4, length penalty 0.6, at most 200 tokens, as
+fairseq-generate in evaluate.sh), the BPE is removed as fairseq-generate's ``--remove-bpe`` does and
+the result is Moses-detokenized. One output line per input line, in input order; an empty line
+gives an empty line. Sentences are sorted by length into batches for speed.
+
+Input is read strictly (scripts/text_lines.py): lines end only at ``\\n`` (CRLF is a plain end; a
+``\\r`` or other line-break character inside a line becomes a space, reported), and the first
+invalid UTF-8 byte stops the script with the file and line unless ``--replace-invalid-utf8``.
+``--output`` is written atomically (a temporary file renamed when complete); without it the
+translations go to stdout.
+
+``--input-format bpe`` takes lines already tokenized and BPE'd (as ``bpe/test.SRC``) and
+``--output-format tok`` writes Moses-tokenized hypotheses with the BPE removed (as ``hyp.tok.TGT``
+of evaluate.sh): examples/wmt14_en_de/evaluate.sh decodes the test set this way with ENGINE=ctranslate2.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "examples" / "wmt14_en_de"))
+import text_tools  # noqa: E402  (the recipe's tokenizer, step records and strict line reader)
+from text_lines import InputError  # noqa: E402
+
+text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
+
+ENGINES = ("ctranslate2", "fairseq")
+CT2_COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                     "int16", "float16", "bfloat16")
+FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
+BPE_TYPES = ("subword_nmt", "sentencepiece")
+
+
+class Refused(Exception):
+    """A bad flag, file or combination: reported as one line naming it, exit status 2."""
+
+
+def say(message):
+    print(f"[translate] {message}", file=sys.stderr)
+
+
+# --- the prepared work directory ------------------------------------------------------------
+def step_options(directory, name):
+    """The options prepare.sh recorded for step ``name`` (``DIR/.done``), or None without a record."""
+    marker = Path(directory) / ".done"
+    if not marker.is_file():
+        return None
+    parsed = text_tools._parse_record(marker.read_text(encoding="utf-8", errors="replace"))
+    if parsed is None:
+        raise Refused(f"{marker} does not record the options of the {name} step (written by an older "
+                      "prepare.sh): rerun prepare.sh")
+    return parsed[0]
+
+
+def dict_tokens(path):
+    """The tokens of a fairseq dict.L.txt ("token count [#fairseq:overwrite]" per line)."""
+    tokens = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(" ")
+            if parts and parts[-1].startswith("#fairseq:"):
+                parts = parts[:-1]
+            tokens.append(" ".join(parts[:-1]))
+    return tokens
+
+
+def languages_of(data_bin):
+    """(src, tgt) as prepare.sh recorded them in data-bin/.done, else from fairseq-preprocess's
+    file names (SPLIT.SRC-TGT.L.idx), else (None, None)."""
+    if data_bin is None or not data_bin.is_dir():
+        return None, None
+    options = step_options(data_bin, "data-bin") or {}
+    if options.get("SRC") and options.get("TGT"):
+        return options["SRC"], options["TGT"]
+    pairs = set()
+    for idx in data_bin.glob("*.idx"):
+        parts = idx.name.split(".")  # train . en-de . en . idx
+        if len(parts) >= 4 and "-" in parts[-3]:
+            pairs.add(tuple(parts[-3].split("-", 1)))
+    return pairs.pop() if len(pairs) == 1 else (None, None)
+
+
+def remove_bpe(line, bpe_type):
+    """fairseq's --remove-bpe (fairseq.data.data_utils.post_process) for the recipe's two BPE kinds;
+    kept here so that the CTranslate2 path needs no fairseq (tests/test_translate.py checks both
+    agree)."""
+    if bpe_type == "sentencepiece":
+        return line.replace(" ", "").replace("\u2581", " ").strip()
+    return (line + " ").replace("@@ ", "").rstrip()
+
+
+class Segmenter:
+    """raw line -> the source tokens the model was trained on, as prepare.sh made them."""
+
+    def __init__(self, work_dir, src, bpe_type):
+        self.tokenize = (step_options(work_dir / "tok", "tok") or {}).get("TOKENIZE", "1") != "0"
+        self.bpe_type = bpe_type
+        bpe_dir = work_dir / "bpe"
+        if bpe_type == "subword_nmt":
+            codes, vocab = bpe_dir / "codes", bpe_dir / f"vocab.{src}"
+            for path in (codes, vocab):
+                if not path.is_file():
+                    raise Refused(f"--work-dir {work_dir}: no {path} (subword-nmt BPE): is it the directory "
+                                  f"prepare.sh wrote for this model, and --src {src} right?")
+            threshold = (step_options(bpe_dir, "bpe") or {}).get("BPE_VOCAB_THRESHOLD", "50")
+            from subword_nmt.apply_bpe import BPE, read_vocabulary
+
+            with open(vocab, encoding="utf-8") as v:
+                vocabulary = read_vocabulary(v, int(threshold))
+            with open(codes, encoding="utf-8") as c:
+                self.bpe = BPE(c, vocab=vocabulary)  # as `subword-nmt apply-bpe -c --vocabulary ...`
+        else:
+            model = bpe_dir / "spm.model"
+            if not model.is_file():
+                raise Refused(f"--work-dir {work_dir}: no {model} (sentencepiece BPE)")
+            import sentencepiece
+
+            self.spm = sentencepiece.SentencePieceProcessor(model_file=str(model))
+        if self.tokenize:
+            text_tools._init_tokenizer(src)
+
+    def __call__(self, line):
+        line = text_tools.tokenize_line(line) if self.tokenize else " ".join(line.split())
+        if not line:
+            return []
+        if self.bpe_type == "subword_nmt":
+            return self.bpe.process_line(line).split()
+        return self.spm.encode(line, out_type=str)
+
+
+# --- engines ----------------------------------------------------------------------------------
+class CTranslate2Engine:
+    name = "ctranslate2"
+
+    def __init__(self, args):
+        try:
+            import ctranslate2
+        except ImportError:
+            raise Refused("--engine ctranslate2: the ctranslate2 package is not installed (run 'make setup')") from None
+        model_dir = Path(args.model_dir)
+        if not (model_dir / "model.bin").is_file() or not (model_dir / "config.json").is_file():
+            raise Refused(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
+                          "config.json): export one with scripts/export_ctranslate2.py")
+        if args.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            raise Refused("--device cuda: CTranslate2 sees no CUDA device")
+        supported = ctranslate2.get_supported_compute_types(args.device) | {"default", "auto"}
+        if args.compute_type not in supported:
+            raise Refused(f"--compute-type {args.compute_type} is not supported by CTranslate2 on {args.device} "
+                          f"(supported: {', '.join(sorted(supported))})")
+        self.options = dict(beam_size=args.beam, length_penalty=args.lenpen, max_decoding_length=args.max_len,
+                            max_input_length=0)
+        self.translator = ctranslate2.Translator(str(model_dir), device=args.device, compute_type=args.compute_type,
+                                                 intra_threads=args.threads, inter_threads=1)
+
+    @staticmethod
+    def vocabulary(model_dir, side):
+        """The model's source or target vocabulary (list), or None if it cannot be read."""
+        for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
+            path = Path(model_dir) / name
+            if path.is_file():
+                return json.loads(path.read_text(encoding="utf-8"))
+        return None
+
+    def translate(self, batch):
+        return [r.hypotheses[0] for r in self.translator.translate_batch(batch, **self.options)]
+
+
+class FairseqEngine:
+    name = "fairseq"
+
+    def __init__(self, args):
+        import logging
+        import warnings
+
+        logging.getLogger("fairseq").setLevel(logging.WARNING)  # no INFO lines about loading
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")  # the data loader's, on a CPU
+        import torch
+
+        checkpoint = Path(args.checkpoint).resolve()
+        torch.set_num_threads(args.threads)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise Refused("--device cuda: torch sees no CUDA device")
+        from fairseq.models.transformer import TransformerModel
+        from omegaconf import open_dict
+
+        hub = TransformerModel.from_pretrained(
+            str(checkpoint.parent), checkpoint_file=checkpoint.name, data_name_or_path=str(args.data_bin.resolve()),
+            user_dir=str(REPO / "fairseq_rope"), source_lang=args.src, target_lang=args.tgt)
+        hub.eval()
+        if args.device == "cuda":
+            hub.cuda()
+        if args.compute_type == "float16":
+            hub.half()
+        elif args.compute_type == "bfloat16":
+            hub.bfloat16()
+        with open_dict(hub.cfg):
+            hub.cfg.dataset.max_tokens = None  # our batches are the batches: no re-splitting by tokens
+        self.hub, self.torch, self.open_dict = hub, torch, open_dict
+        self.max_source = hub.max_positions[0] if isinstance(hub.max_positions, tuple) else hub.max_positions
+        # fairseq-generate's defaults for everything evaluate.sh does not set
+        self.options = dict(beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len, min_len=1,
+                            nbest=1, unkpen=0, sampling=False, no_repeat_ngram_size=0, match_source_len=False)
+
+    def translate(self, batch):
+        with self.open_dict(self.hub.cfg):
+            self.hub.cfg.dataset.batch_size = len(batch)  # the hub batches again inside generate
+        tokens = [self.hub.binarize(" ".join(sentence)) for sentence in batch]
+        with self.torch.inference_mode():
+            hypos = self.hub.generate(tokens, **self.options)
+        return [self.hub.tgt_dict.string(h[0]["tokens"]).split() for h in hypos]
+
+
+# --- input and output -------------------------------------------------------------------------
+class _Stdin(os.PathLike):
+    """The path LineReader opens for standard input, named as such in its messages."""
+
+    def __fspath__(self):
+        return "/dev/stdin"
+
+    def __str__(self):
+        return "standard input"
+
+
+def write_output(path, lines):
+    """Write ``lines`` to ``path`` atomically (temporary file in the same directory, renamed), or to
+    stdout when ``path`` is None."""
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    if path is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    path = os.path.abspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def default_threads():
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else cores
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", nargs="?", default="-", help="text to translate, one sentence per line (default: stdin)")
+    p.add_argument("-o", "--output", help="write the translations here, atomically (default: stdout)")
+    p.add_argument("--work-dir", help="the directory prepare.sh wrote for the model: tok/, bpe/ and data-bin/ "
+                                      "(needed for --input-format raw and for --engine fairseq)")
+    p.add_argument("--data-bin", help="the model's data-bin: dictionaries, bpe_type, languages "
+                                      "(default: WORK_DIR/data-bin)")
+    p.add_argument("--engine", choices=ENGINES,
+                   help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
+    p.add_argument("--model-dir", help="a CTranslate2 model directory (scripts/export_ctranslate2.py)")
+    p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
+    p.add_argument("--src", help="source language (default: as recorded in the data-bin)")
+    p.add_argument("--tgt", help="target language (default: as recorded in the data-bin)")
+    p.add_argument("--beam", type=int, default=4, help="beam size (4)")
+    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty (0.6)")
+    p.add_argument("--max-len", type=int, default=200,
+                   help="at most this many target tokens per sentence (200, fairseq-generate's --max-len-b)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (64)")
+    p.add_argument("--threads", type=int, default=default_threads(),
+                   help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compute-type", default="default",
+                   help="CTranslate2: default (the type the model was exported with: float32 unless exported "
+                        "with --quantization), float32, int8, int8_float32, float16, bfloat16, ...; "
+                        "fairseq: float32, or float16 / bfloat16 on cuda")
+    p.add_argument("--input-format", choices=("raw", "bpe"), default="raw",
+                   help="raw text (default), or lines already tokenized and BPE'd like bpe/test.SRC")
+    p.add_argument("--output-format", choices=("detok", "tok", "bpe"),
+                   help="detok: Moses-detokenized text (default); tok: tokenized, BPE removed (as "
+                        "evaluate.sh's hyp.tok.TGT); bpe: the model's tokens")
+    p.add_argument("--replace-invalid-utf8", action="store_true",
+                   help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--stats-json", help="write the decoding time and speed here as JSON")
+    args = p.parse_args(argv)
+    for flag, minimum in (("beam", 1), ("max_len", 1), ("batch_size", 1), ("threads", 1)):
+        if getattr(args, flag) < minimum:
+            p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
+    if args.lenpen != args.lenpen:  # NaN
+        p.error("--lenpen must be a number")
+    return p, args
+
+
+def check_setup(args):
+    """Resolve defaults and check every file and flag before any text is read: raises Refused."""
+    if args.engine is None:
+        if args.model_dir:
+            args.engine = "ctranslate2"
+        elif args.checkpoint:
+            args.engine = "fairseq"
+        else:
+            raise Refused("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
+    if args.engine == "ctranslate2":
+        if not args.model_dir:
+            raise Refused("--engine ctranslate2 needs --model-dir (export one with scripts/export_ctranslate2.py)")
+        if not Path(args.model_dir).is_dir():
+            raise Refused(f"--model-dir {args.model_dir} is not a directory")
+    else:
+        if not args.checkpoint:
+            raise Refused("--engine fairseq needs --checkpoint CKPT")
+        if not Path(args.checkpoint).is_file():
+            raise Refused(f"--checkpoint {args.checkpoint} is not a file")
+        if args.compute_type not in FAIRSEQ_COMPUTE_TYPES:
+            raise Refused(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
+                          f"{', '.join(FAIRSEQ_COMPUTE_TYPES)}")
+        if args.compute_type in ("float16", "bfloat16") and args.device != "cuda":
+            raise Refused(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
+    work_dir = Path(args.work_dir) if args.work_dir else None
+    if work_dir is not None and not work_dir.is_dir():
+        raise Refused(f"--work-dir {work_dir} is not a directory")
+    args.work_dir = work_dir
+    args.data_bin = Path(args.data_bin) if args.data_bin else (work_dir / "data-bin" if work_dir else None)
+    if args.data_bin is not None and not args.data_bin.is_dir():
+        raise Refused(f"--data-bin {args.data_bin} is not a directory" if work_dir is None or
+                      args.data_bin != work_dir / "data-bin" else
+                      f"--work-dir {work_dir} has no data-bin/: run prepare.sh first (or give --data-bin)")
+    if args.input_format == "raw" and work_dir is None:
+        raise Refused("--work-dir is needed to tokenize and BPE raw text: the directory prepare.sh wrote "
+                      "(or pass --input-format bpe)")
+    if args.engine == "fairseq" and args.data_bin is None:
+        raise Refused("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
+
+    src, tgt = languages_of(args.data_bin)
+    args.src, args.tgt = args.src or src, args.tgt or tgt
+    tokenized_workdir = work_dir is None or (step_options(work_dir / "tok", "tok") or {}).get("TOKENIZE", "1") != "0"
+    if args.output_format is None:
+        args.output_format = "detok" if tokenized_workdir else "tok"
+        if not tokenized_workdir:
+            say(f"{work_dir} was prepared with --no-tokenize: input is taken as tokenized and the output is "
+                "left tokenized (--output-format tok)")
+    needs = {"--src": args.src is None and (args.input_format == "raw" or args.engine == "fairseq"),
+             "--tgt": args.tgt is None and (args.output_format == "detok" or args.engine == "fairseq")}
+    for flag, missing in needs.items():
+        if missing:
+            where = f"the data-bin {args.data_bin} does not record it" if args.data_bin else "there is no data-bin"
+            raise Refused(f"{flag}: cannot tell the language ({where}); pass {flag}")
+    if args.data_bin is not None:
+        for lang in filter(None, (args.src, args.tgt)):
+            if not (args.data_bin / f"dict.{lang}.txt").is_file():
+                raise Refused(f"--data-bin {args.data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
+                              "the data-bin of this model")
+
+    args.bpe_type = None
+    if args.data_bin is not None and (args.data_bin / "bpe_type").is_file():
+        args.bpe_type = (args.data_bin / "bpe_type").read_text(encoding="utf-8").strip()
+    elif work_dir is not None:
+        bpe = (step_options(work_dir / "bpe", "bpe") or {}).get("BPE")
+        args.bpe_type = {"subword-nmt": "subword_nmt", "sentencepiece": "sentencepiece"}.get(bpe)
+    if args.bpe_type is None and (args.input_format == "raw" or args.output_format != "bpe"):
+        where = args.data_bin or work_dir
+        raise Refused(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
+                      "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
+    if args.bpe_type is not None and args.bpe_type not in BPE_TYPES:
+        raise Refused(f"{args.data_bin}/bpe_type: unknown BPE kind {args.bpe_type!r} (expected {' or '.join(BPE_TYPES)})")
+    if args.input_format == "raw" and not (work_dir / "bpe" / ".done").is_file():
+        raise Refused(f"--work-dir {work_dir} has no complete bpe/ step (bpe/.done): run prepare.sh first")
+
+    if args.engine == "ctranslate2" and args.data_bin is not None and args.src:
+        check_vocabulary(args)
+    if args.output is not None:
+        out = Path(args.output)
+        if out.is_dir():
+            raise Refused(f"--output {out} is a directory")
+        if not out.resolve().parent.is_dir():
+            raise Refused(f"--output {out}: directory {out.resolve().parent} does not exist")
+    if args.input != "-" and not Path(args.input).is_file():
+        raise Refused(f"input file {args.input} does not exist" if not Path(args.input).exists()
+                      else f"input {args.input} is not a file")
+
+
+def check_vocabulary(args):
+    """The CTranslate2 model was exported with this data-bin's source dictionary (a wrong --work-dir
+    would otherwise translate every token as <unk> without a word)."""
+    vocab = CTranslate2Engine.vocabulary(args.model_dir, "source")
+    if vocab is None:
+        return
+    tokens = set(dict_tokens(args.data_bin / f"dict.{args.src}.txt"))
+    model = set(vocab[4:])  # a fairseq dictionary's symbols: 4 special ones, then those of dict.L.txt
+    if tokens != model:
+        raise Refused(f"--model-dir {args.model_dir} was not exported with the dictionary of {args.data_bin} "
+                      f"(dict.{args.src}.txt: {len(tokens)} tokens, model: {len(model)}, {len(tokens ^ model)} differ): "
+                      "give the work dir / data-bin the model was trained on")
+
+
+def main(argv=None):
+    p, args = parse_args(argv)
+    try:
+        check_setup(args)
+        reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
+        lines = list(reader)
+        reader.report()
+        if args.input_format == "raw":
+            segment = Segmenter(args.work_dir, args.src, args.bpe_type)
+            sources = [segment(line) for line in lines]
+        else:
+            sources = [line.split() for line in lines]
+        engine = (CTranslate2Engine if args.engine == "ctranslate2" else FairseqEngine)(args)
+        if args.engine == "fairseq":
+            for number, tokens in enumerate(sources, 1):
+                if len(tokens) + 1 > engine.max_source:
+                    raise InputError(f"{reader.path}: line {number} has {len(tokens)} BPE tokens; the model "
+                                     f"takes at most {engine.max_source - 1}")
+        hyps, seconds = translate(engine, sources, args.batch_size,
+                                  progress=not args.quiet and args.input != "-")
+    except Refused as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
+    except InputError as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
+
+    if args.output_format != "bpe":
+        hyps = [remove_bpe(" ".join(h), args.bpe_type) for h in hyps]
+        if args.output_format == "detok":
+            from score_bleu import moses_detokenize  # the detokenizer evaluate.sh scores with
+
+            hyps = moses_detokenize(hyps, args.tgt)
+    else:
+        hyps = [" ".join(h) for h in hyps]
+    write_output(args.output, hyps)
+
+    n = sum(1 for s in sources if s)
+    stats = dict(engine=args.engine, sentences=n, lines=len(sources), seconds=round(seconds, 3),
+                 sentences_per_second=round(n / seconds, 2) if seconds > 0 else None, beam=args.beam,
+                 lenpen=args.lenpen, batch_size=args.batch_size, threads=args.threads, device=args.device,
+                 compute_type=args.compute_type)
+    if args.stats_json:
+        write_output_json(args.stats_json, stats)
+    if not args.quiet:
+        say(f"{len(sources)} lines ({n} to translate) in {seconds:.2f} s of decoding"
+            + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")
+            + f" ({args.engine}, beam {args.beam}, {args.threads} thread{'s' if args.threads != 1 else ''})")
+
+
+def write_output_json(path, data):
+    write_output(path, json.dumps(data, indent=1).splitlines())
+
+
+def translate(engine, sources, batch_size, progress=False):
+    """Hypotheses (token lists) for ``sources`` in input order, and the seconds spent decoding.
+    Sentences are sorted by length into batches; empty sources give empty hypotheses."""
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
+    hyps = [[] for _ in sources]
+    seconds = 0.0
+    from tqdm import tqdm
+
+    with tqdm(total=len(order), unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
+        for start in range(0, len(order), batch_size):
+            ids = order[start:start + batch_size]
+            began = time.perf_counter()
+            out = engine.translate([sources[i] for i in ids])
+            seconds += time.perf_counter() - began
+            for i, h in zip(ids, out):
+                hyps[i] = h
+            bar.update(len(ids))
+    return hyps, seconds
+
+
+if __name__ == "__main__":
+    main()

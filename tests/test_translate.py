@@ -1,0 +1,247 @@
+"""scripts/translate.py and evaluate.sh ENGINE=ctranslate2 on a tiny model trained through the
+recipe (prepare.sh on a generated corpus, RoPE): raw text in, the recipe's tokenisation and BPE,
+the same hypotheses from CTranslate2, fairseq's hub interface and fairseq-generate; CRLF, in-line
+\\r and invalid UTF-8 handled or refused by name; the same BLEU from both engines in evaluate.sh,
+and a rerun that does not export again."""
+
+import importlib.util
+import json
+import shutil
+import sys
+
+import pytest
+
+from conftest import REPO, run_cli
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+TRANSLATE = REPO / "scripts" / "translate.py"
+PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
+EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
+EXPORT = REPO / "scripts" / "export_ctranslate2.py"
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gc = _load("generate_corpus", REPO / "scripts" / "generate_corpus.py")
+translate_py = _load("translate", TRANSLATE)
+
+
+def _lines(path):
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A prepared work dir (subword-nmt, 300 merges) and a RoPE model trained on it for 200 updates:
+    short sentences (<= 10 words), so that the model learns something in ~40 s of CPU."""
+    root = tmp_path_factory.mktemp("translate")
+    data = gc.generate(seed=3, sizes=[("train", 4000), ("valid", 100), ("test", 100)])
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split, cap in (("train", 2000), ("valid", 20), ("test", 20)):
+        pairs = [(e, d) for e, d in data[split] if len(e.split()) <= 10][:cap]
+        for side, lang in enumerate(("en", "de")):
+            (corpus / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    work = root / "work"
+    run_cli(["bash", PREPARE, "--work-dir", work, "--train-prefix", corpus / "train", "--valid-prefix",
+             corpus / "valid", "--test-prefix", corpus / "test", "--bpe-size", "300", "--workers", "1"], timeout=300)
+    save_dir = root / "checkpoints"
+    run_cli(["fairseq-train", work / "data-bin", "--user-dir", REPO / "fairseq_rope", "--arch", "transformer_rope_tiny",
+             "--share-all-embeddings", "--task", "translation", "--cpu", "--optimizer", "adam", "--adam-betas",
+             "(0.9, 0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "30",
+             "--max-tokens", "2048", "--max-update", "200", "--seed", "1", "--criterion",
+             "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--disable-validation",
+             "--no-epoch-checkpoints", "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple"],
+            timeout=600)
+    return work, save_dir / "checkpoint_last.pt"
+
+
+def _evaluate(work, checkpoint, engine, check=True):
+    return run_cli(["bash", EVALUATE, "--engine", engine], check=check, env={
+        "WORK_DIR": str(work), "SAVE_DIR": str(checkpoint.parent), "CHECKPOINT": str(checkpoint), "CPU": "1",
+        "THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def evaluated(model):
+    """evaluate.sh with both engines: {engine: (eval dir, scores.json, stderr)}; CT2 exports first."""
+    work, checkpoint = model
+    out = {}
+    for engine, suffix in (("fairseq", ""), ("ctranslate2", "_ct2")):
+        proc = _evaluate(work, checkpoint, engine)
+        eval_dir = checkpoint.parent / f"eval_checkpoint_last_test{suffix}"
+        out[engine] = eval_dir, json.loads((eval_dir / "scores.json").read_text()), proc.stderr
+    return out
+
+
+def _translate(*args, check=True, stdin=None):
+    cmd = [sys.executable, TRANSLATE, *map(str, args)]
+    if stdin is None:
+        return run_cli(cmd, check=check)
+    import os
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, input=stdin, capture_output=True, env=env, timeout=300)
+
+
+def _ct2_dir(model):
+    return model[1].parent / "ct2_checkpoint_last"
+
+
+# --- (a) the same hypotheses from every engine ------------------------------------------------
+def test_segmentation_is_the_recipes(model):
+    """Raw text -> the recipe's Moses tokenisation and BPE (with vocabulary threshold), token for token."""
+    work = model[0]
+    segment = translate_py.Segmenter(work, "en", "subword_nmt")
+    assert [segment(line) for line in _lines(work / "raw/test.en")] == [line.split() for line in _lines(work / "bpe/test.en")]
+    # normalised and tokenised first (typographic quotes, aggressive hyphen splitting)
+    assert segment("He said \u201cthe well-known dog\u201d sees the cat.") == \
+        segment.bpe.process_line('He said " the well @-@ known dog " sees the cat .').split()
+
+
+def test_remove_bpe_is_fairseqs():
+    from fairseq.data.data_utils import post_process
+
+    for line, kind in [("Der Hun@@ d sieht die K@@ at@@ ze .", "subword_nmt"), ("a@@", "subword_nmt"),
+                       ("\u2581Der \u2581Hu nd \u2581sieht .", "sentencepiece"), ("", "subword_nmt")]:
+        assert translate_py.remove_bpe(line, kind) == post_process(line, kind)
+
+
+def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_path):
+    """translate.py --engine fairseq (hub interface) and --engine ctranslate2, raw text in, give
+    exactly the detokenized hypotheses of fairseq-generate in evaluate.sh; an empty line stays."""
+    work, checkpoint = model
+    raw = _lines(work / "raw/test.en")
+    expected = _lines(evaluated["fairseq"][0] / "hyp.detok.de")
+    source = tmp_path / "input.en"
+    source.write_text("\n".join(raw[:7] + [""] + raw[7:]) + "\n", encoding="utf-8")
+    outputs = {}
+    for engine, model_args in (("fairseq", ["--checkpoint", checkpoint]), ("ctranslate2", ["--model-dir", _ct2_dir(model)])):
+        out = tmp_path / f"out.{engine}"
+        proc = _translate(source, "--work-dir", work, "--engine", engine, *model_args, "--threads", "1",
+                          "--batch-size", "6", "--output", out)
+        assert f"{len(raw) + 1} lines ({len(raw)} to translate)" in proc.stderr
+        outputs[engine] = _lines(out)
+    assert outputs["ctranslate2"] == outputs["fairseq"]
+    same = sum(a == b for a, b in zip(outputs["fairseq"][:7] + outputs["fairseq"][8:], expected))
+    assert same == len(expected), f"{same} of {len(expected)} lines as fairseq-generate's"
+    assert outputs["fairseq"][7] == ""
+    assert len(set(expected)) > len(expected) // 2  # the model has learnt to translate, not one string
+
+
+# --- (b) line ends and encodings --------------------------------------------------------------
+def test_crlf_and_inline_carriage_returns(model, tmp_path):
+    work, ct2 = model[0], _ct2_dir(model)
+    messy = tmp_path / "messy.en"
+    messy.write_bytes(b"The dog sees the cat.\r\nThe friend buys\rthe boat.\r\n\r\nToday the cat sleeps.")
+    clean = tmp_path / "clean.en"
+    clean.write_bytes(b"The dog sees the cat.\nThe friend buys the boat.\n\nToday the cat sleeps.\n")
+    out_messy, out_clean = tmp_path / "messy.de", tmp_path / "clean.de"
+    proc = _translate(messy, "--work-dir", work, "--model-dir", ct2, "-o", out_messy)
+    assert "1 line had line-break characters" in proc.stderr
+    _translate(clean, "--work-dir", work, "--model-dir", ct2, "-o", out_clean)
+    data = out_messy.read_bytes()
+    assert data == out_clean.read_bytes() and b"\r" not in data
+    assert data.count(b"\n") == 4 and data.split(b"\n")[2] == b""
+    # stdin, to stdout: the same
+    piped = _translate("--work-dir", work, "--model-dir", ct2, stdin=messy.read_bytes())
+    assert piped.returncode == 0 and piped.stdout == data
+
+
+def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
+    work, ct2 = model[0], _ct2_dir(model)
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"The dog sees the cat.\nThe caf\xe9 is open.\n")
+    out = tmp_path / "out" / "bad.de"
+    out.parent.mkdir()
+    proc = _translate(bad, "--work-dir", work, "--model-dir", ct2, "-o", out, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"translate.py: error: {bad}: line 2: invalid UTF-8 (byte 0xe9 at byte 8 of the line); fix the file, "
+        "or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD")
+    assert list(out.parent.iterdir()) == []  # nothing written, no temporary file left
+    proc = _translate("--work-dir", work, "--model-dir", ct2, stdin=bad.read_bytes())
+    assert proc.returncode == 1 and b"standard input: line 2: invalid UTF-8" in proc.stderr and not proc.stdout
+    proc = _translate(bad, "--work-dir", work, "--model-dir", ct2, "-o", out, "--replace-invalid-utf8")
+    assert "replaced invalid UTF-8 with U+FFFD in 1 line (first: line 2)" in proc.stderr
+    assert len(_lines(out)) == 2
+
+
+def test_setup_errors_name_the_flag_or_file(model, tmp_path):
+    work, checkpoint, ct2 = model[0], model[1], _ct2_dir(model)
+    text = tmp_path / "in.en"
+    text.write_text("The dog sees the cat.\n", encoding="utf-8")
+    partial = tmp_path / "partial"
+    shutil.copytree(work / "data-bin", partial / "data-bin")
+    shutil.copytree(work / "bpe", partial / "bpe")
+    (partial / "bpe" / "vocab.en").unlink()
+    other = tmp_path / "other_dict"
+    shutil.copytree(work / "data-bin", other)
+    (other / "dict.en.txt").write_text("x 1\n", encoding="utf-8")
+    cases = [
+        ([text, "--work-dir", work], "give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT"),
+        ([text, "--work-dir", tmp_path / "nowhere", "--model-dir", ct2], f"--work-dir {tmp_path / 'nowhere'} is not a directory"),
+        ([text, "--model-dir", ct2], "--work-dir is needed to tokenize and BPE raw text"),
+        ([text, "--work-dir", work, "--model-dir", tmp_path], f"--model-dir {tmp_path} is not a CTranslate2 model directory"),
+        ([text, "--work-dir", work, "--engine", "fairseq", "--checkpoint", tmp_path / "no.pt"],
+         f"--checkpoint {tmp_path / 'no.pt'} is not a file"),
+        ([text, "--work-dir", partial, "--model-dir", ct2], f"no {partial / 'bpe' / 'vocab.en'} (subword-nmt BPE)"),
+        ([text, "--data-bin", other, "--work-dir", work, "--model-dir", ct2],
+         f"--model-dir {ct2} was not exported with the dictionary of {other}"),
+        ([text, "--work-dir", work, "--model-dir", ct2, "--compute-type", "int3"], "--compute-type int3 is not supported"),
+        ([text, "--work-dir", work, "--engine", "fairseq", "--checkpoint", checkpoint, "--compute-type", "int8"],
+         "--compute-type int8 is for --engine ctranslate2"),
+        ([tmp_path / "missing.en", "--work-dir", work, "--model-dir", ct2], f"input file {tmp_path / 'missing.en'} does not exist"),
+        ([text, "--work-dir", work, "--model-dir", ct2, "-o", tmp_path / "no" / "out.de"], "directory"),
+    ]
+    for args, message in cases:
+        proc = _translate(*args, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("translate.py: error: ") and message in lines[0], (args, proc.stderr)
+
+
+# --- (c) evaluate.sh ENGINE=ctranslate2 --------------------------------------------------------
+def test_evaluate_with_ctranslate2_scores_as_fairseq(model, evaluated):
+    work, checkpoint = model
+    (fs_dir, fs, _), (ct2_dir, ct2, stderr) = evaluated["fairseq"], evaluated["ctranslate2"]
+    assert f"wrote {_ct2_dir(model)} (none)" in stderr and (_ct2_dir(model) / "model.bin").is_file()
+    for kind in ("tokenized_bleu_compound_split", "sacrebleu"):
+        assert abs(fs[kind]["score"] - ct2[kind]["score"]) <= 0.1, (kind, fs, ct2)
+    assert fs["tokenized_bleu_compound_split"]["score"] > 1  # a model that translates
+    assert _lines(ct2_dir / "hyp.tok.de") == _lines(fs_dir / "hyp.tok.de")
+    for eval_dir, engine in ((fs_dir, "fairseq"), (ct2_dir, "ctranslate2")):
+        assert (eval_dir / "speed.txt").read_text().startswith(f"{engine}: 20 sentences in ")
+
+    # a rerun finds the scores complete
+    again = _evaluate(work, checkpoint, "ctranslate2")
+    assert "skipping generation" in again.stderr and "export" not in again.stderr
+    assert again.stdout == (ct2_dir / "scores.txt").read_text()
+    # without the scores, and with a checkpoint touched but not changed: decodes again, no export
+    shutil.rmtree(ct2_dir)
+    checkpoint.touch()
+    again = _evaluate(work, checkpoint, "ctranslate2")
+    assert "holds this checkpoint (none) already: nothing to do" in again.stderr
+    assert "wrote" not in again.stderr
+    assert json.loads((ct2_dir / "scores.json").read_text()) == ct2
+    # an export of another checkpoint is replaced
+    info_path = _ct2_dir(model) / "export_info.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps(dict(info, sha256="0" * 64)))
+    shutil.rmtree(ct2_dir)
+    again = _evaluate(work, checkpoint, "ctranslate2")
+    assert "wrote" in again.stderr and json.loads(info_path.read_text())["sha256"] == info["sha256"]
+    assert json.loads((ct2_dir / "scores.json").read_text()) == ct2
+
+
+def test_evaluate_refuses_an_unknown_engine(model):
+    proc = _evaluate(*model, "onnx", check=False)
+    assert proc.returncode == 1
+    assert "--engine (ENGINE) must be fairseq or ctranslate2, not 'onnx'" in proc.stderr
