@@ -3,6 +3,8 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# one test file per worker, a worker per core: most tests wait on single-threaded subprocesses
+PYTEST_WORKERS ?= -n auto --dist loadfile
 
 .PHONY: setup demo test
 setup:
@@ -12,4 +14,4 @@ demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/quickstart.sh
 
 test: setup
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTHON) -m pytest tests $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PYTHON) -m pytest tests $(PYTEST_WORKERS) $(PYTEST_ARGS)

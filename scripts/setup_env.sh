@@ -55,7 +55,7 @@ fi
 log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
-    sentencepiece subword-nmt sacremoses matplotlib pytest "ctranslate2>=4.6.3,<5"
+    sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist "ctranslate2>=4.6.3,<5"
 
 # A regular (not editable) install puts fairseq_rope/ next to fairseq/ in site-packages, where
 # fairseq resolves `--user-dir fairseq_rope` from any working directory.
