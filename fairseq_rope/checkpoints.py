@@ -116,13 +116,18 @@ def _updates(path: str) -> int:
         return -1
 
 
+# the files fairseq's save_checkpoint writes; not e.g. an average (no optimizer state to resume)
+TRAINING_CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last|\.best_.+)\.pt")
+
+
 def newest_readable_checkpoint(directory: str, exclude: str):
-    """The readable ``checkpoint*.pt`` of ``directory`` with the most updates, other than
+    """The readable training checkpoint of ``directory`` with the most updates, other than
     ``exclude``; None if there is none. Of equals, a numbered checkpoint (``checkpoint_E_U.pt``,
     ``checkpointE.pt``) is named rather than a copy such as ``checkpoint_best.pt``."""
     candidates = [
         path for path in glob.glob(os.path.join(glob.escape(directory), "checkpoint*.pt"))
-        if os.path.abspath(path) != os.path.abspath(exclude) and is_readable_checkpoint(path)
+        if TRAINING_CHECKPOINT.fullmatch(os.path.basename(path))
+        and os.path.abspath(path) != os.path.abspath(exclude) and is_readable_checkpoint(path)
     ]
     if not candidates:
         return None

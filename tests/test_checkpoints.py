@@ -115,6 +115,10 @@ def test_newest_readable_counts_updates_and_skips_partial_files(trained_40, tmp_
     d = tmp_path / "c"
     partial = d / "checkpoint_9_900.pt"
     partial.write_bytes((d / "checkpoint_last.pt").read_bytes()[:1000])
+    average = d / "checkpoint.avg5.pt"  # readable, but no optimizer state to resume from
+    state = torch.load(d / "checkpoint_last.pt")
+    state["optimizer_history"][-1]["num_updates"] = 999
+    torch.save(state, average)
     found = newest_readable_checkpoint(str(d), exclude=str(d / "checkpoint_last.pt"))
     assert updates_in(found) == 40 and os.path.basename(found) != partial.name
 
