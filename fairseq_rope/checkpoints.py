@@ -65,9 +65,7 @@ def write_atomically(path: str, write) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; give the usual file mode
         os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
@@ -77,6 +75,12 @@ def write_atomically(path: str, write) -> None:
         raise
     _fsync_directory(os.path.dirname(os.path.abspath(path)))
     remove_stale_temporaries(path)
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _is_disk_full(error: BaseException) -> bool:

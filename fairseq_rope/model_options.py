@@ -68,11 +68,16 @@ def check_finite_positive(flag: str, value) -> None:
         raise OptionError(f"{flag} must be a finite positive number, got {value}")
 
 
-def plugin_model_name(arch):
-    """'transformer_rope' for every transformer_rope* architecture (likewise rpe); else None."""
+def registered_model_name(arch):
+    """The fairseq model an architecture belongs to ('transformer_rope' for transformer_rope_tiny)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-    name = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
+    return ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
+
+
+def plugin_model_name(arch):
+    """'transformer_rope' for every transformer_rope* architecture (likewise rpe); else None."""
+    name = registered_model_name(arch)
     return name if name in PLUGIN_MODEL_OPTIONS else None
 
 

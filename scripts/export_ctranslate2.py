@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fairseq_rope  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
-from fairseq_rope.model_options import OptionError, model_config, plugin_model_name  # noqa: E402
+from fairseq_rope.checkpoints import current_umask  # noqa: E402
+from fairseq_rope.model_options import OptionError, model_config, registered_model_name  # noqa: E402
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 EXPORT_INFO = "export_info.json"
@@ -43,17 +44,11 @@ class ExportRefused(ValueError):
     """The checkpoint's model has something CTranslate2 cannot compute; the message names it."""
 
 
-def _model_name(args):
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    return plugin_model_name(args.arch) or ARCH_MODEL_NAME_REGISTRY.get(args.arch, args.arch)
-
-
 def check_exportable(args) -> None:
     """Raise ExportRefused for the first option CTranslate2 cannot represent exactly."""
     from ctranslate2.converters.fairseq import _SUPPORTED_ACTIVATIONS
 
-    name = _model_name(args)
+    name = registered_model_name(args.arch)
     refusals = [
         (name not in ("transformer", "transformer_rope"),
          f"--arch {args.arch} ({name}): only transformer and transformer_rope models can be exported "
@@ -89,7 +84,7 @@ def check_exportable(args) -> None:
 
 def _rotary_settings(args, head_dim):
     """The CTranslate2 spec arguments that reproduce our rotation (none for a stock model)."""
-    if _model_name(args) != "transformer_rope":
+    if registered_model_name(args.arch) != "transformer_rope":
         return {}
     from ctranslate2.specs import attention_spec
 
@@ -207,7 +202,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
                     quantization=quantization, arch=args.arch, overrides=overrides or {})
         with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=1)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         if os.path.exists(output_dir):  # --force: swap, then remove the old one
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.", suffix=".old", dir=parent)
             os.rename(output_dir, os.path.join(old, "model"))
@@ -218,12 +213,6 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output_dir
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def main(argv=None):
