@@ -31,6 +31,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from common import write_text_atomically  # noqa: E402
+from machine import cpu_model  # noqa: E402
 from score_bleu import tokenized_bleu  # noqa: E402
 from translate import remove_bpe as remove_bpe_from_line  # noqa: E402
 
@@ -150,20 +152,10 @@ def main(argv=None):
         f"{r['tokens_per_s']} | {r['speedup']}x | {r['bleu']} | {r['identical_to_fairseq']}/{r['sentences']} |\n"
         for r in rows)
     report = dict(checkpoint=str(args.checkpoint), data_bin=str(args.data_bin), beam=BEAM, lenpen=LENPEN,
-                  batch_size=BATCH, reps=args.reps, cpu=_cpu_name(), rows=rows)
-    for name, text in (("results.json", json.dumps(report, indent=1) + "\n"), ("results.md", table)):
-        tmp = args.out_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, args.out_dir / name)
+                  batch_size=BATCH, reps=args.reps, cpu=cpu_model() or "unknown", rows=rows)
+    write_text_atomically(args.out_dir / "results.json", json.dumps(report, indent=1) + "\n")
+    write_text_atomically(args.out_dir / "results.md", table)
     print(table)
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -32,26 +32,36 @@ Example::
 
 import argparse
 import json
-import random
-import resource
+import logging
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common import write_text_atomically  # noqa: E402
+# page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests
+from machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc  # noqa: E402
+from paired_stats import alternate, median_interval, pool_ratios, summarise, summarise_counts  # noqa: E402,F401
+
 ARCHS = {
     "tiny": ("transformer_tiny", "transformer_rope_tiny"),
     "base": ("transformer", "transformer_rope"),
 }
+# --clock: wall time, or the CPU seconds of this process (all its threads)
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+MODELS = ("baseline", "rope")
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,8 +80,16 @@ class _Task:
         self.target_dictionary = self.source_dictionary
 
 
+def load_plugin():
+    """Import the plugin, which registers transformer_rope* with fairseq, and return its rotary
+    attention layer: the one place this script imports fairseq_rope."""
+    from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
+
+    return RotaryMultiheadAttention
+
+
 def build_model(arch: str, task: _Task, device: torch.device, seed: int = 1):
-    import fairseq_rope  # noqa: F401  (registers transformer_rope)
+    load_plugin()
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
 
@@ -82,6 +100,11 @@ def build_model(arch: str, task: _Task, device: torch.device, seed: int = 1):
     torch.manual_seed(seed)
     model = ARCH_MODEL_REGISTRY[arch].build_model(args, task)
     return model.to(device)
+
+
+def batch_sentences(tokens_per_batch: int, length: int) -> int:
+    """Sentences of ``length`` tokens in a batch of about ``tokens_per_batch`` (at least one)."""
+    return max(1, tokens_per_batch // length)
 
 
 def make_batch(task: _Task, sentences: int, length: int, device: torch.device, seed: int = 0):
@@ -115,154 +138,63 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-CLOCK = time.perf_counter  # --clock process: CPU seconds of this process (all its threads)
+@dataclass(frozen=True)
+class Stopwatch:
+    """Times a call on ``device`` (waiting for its CUDA work) by ``clock``."""
 
-# --malloc retain: every allocation from the heap (no mmap), freed memory never trimmed
-RETAIN_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+    device: torch.device
+    clock: Callable[[], float] = time.perf_counter
 
+    def seconds(self, fn):
+        sync(self.device)
+        start = self.clock()
+        fn()
+        sync(self.device)
+        return self.clock() - start
 
-def use_malloc(mode):
-    """``--malloc retain``: restart this script under RETAIN_TUNABLES (glibc reads them only at
-    process start); a no-op for ``default`` or once restarted."""
-    if mode == "retain" and os.environ.get("GLIBC_TUNABLES") != RETAIN_TUNABLES:
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GLIBC_TUNABLES=RETAIN_TUNABLES))
-
-
-def page_faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def timed(fn, device):
-    sync(device)
-    start = CLOCK()
-    fn()
-    sync(device)
-    return CLOCK() - start
+    def seconds_and_faults(self, fn):
+        """Seconds of ``fn()`` and the minor page faults it caused."""
+        before = page_faults()
+        seconds = self.seconds(fn)
+        return seconds, page_faults() - before
 
 
-# --------------------------------------------------------------------------------------------
-# statistics
+def compare(run, reps, device, faults_unit, **details):
+    """Alternate ``run("baseline")`` and ``run("rope")`` -- each returns (speed, page faults) --
+    ``reps`` times: the summary of the speeds with ``details``, and on the CPU the fault counts."""
+    faults = {name: [] for name in MODELS}
 
+    def measure(name):
+        speed, count = run(name)
+        faults[name].append(count)
+        return speed
 
-def median_interval(ratios, resamples=2000, seed=0):
-    """95 % bootstrap percentile interval of the median of ``ratios`` (None below 5 of them):
-    how well a run pins the median down on a noisy machine."""
-    if len(ratios) < 5:
-        return None
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
-    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
-
-
-def summarise(a_values, b_values, higher_is_better=True):
-    """Medians of A and B and of the per-pair ratios B / A (pairs are adjacent repetitions)."""
-    ratios = [b / a for a, b in zip(a_values, b_values) if a]  # no ratio to zero page faults
-    return {
-        "baseline": statistics.median(a_values),
-        "rope": statistics.median(b_values),
-        "ratio_median": statistics.median(ratios) if ratios else None,
-        "ratio_min": min(ratios) if ratios else None,
-        "ratio_max": max(ratios) if ratios else None,
-        "ratio_median_ci95": median_interval(ratios),
-        "baseline_all": a_values,
-        "rope_all": b_values,
-        "ratios": ratios,
-        "higher_is_better": higher_is_better,
-    }
-
-
-def write_json(path, data):
-    """Write ``data`` to ``path`` through a temporary file, so no half-written report is left."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
-def pool_reports(paths, json_out=None):
-    """Pool the per-pair ratios of several saved reports (``--json-out``) row by row: the median
-    of all their pairs and its bootstrap interval, for targets closer than one run resolves."""
-    reports = []
-    for path in paths:
-        try:
-            report = json.loads(Path(path).read_text())
-            results = report["results"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})")
-        reports.append((path, report, results))
-    pooled, rows = {}, []
-    for key in dict.fromkeys(k for _, _, results in reports for k in results):
-        ratios, runs = [], 0
-        for _, _, results in reports:
-            if key in results and results[key].get("ratios"):
-                ratios += results[key]["ratios"]
-                runs += 1
-        if not ratios:
-            continue
-        interval = median_interval(ratios)
-        pooled[key] = {"runs": runs, "pairs": len(ratios), "ratio_median": statistics.median(ratios),
-                       "ratio_median_ci95": interval, "ratio_min": min(ratios), "ratio_max": max(ratios)}
-        ci = f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-"
-        rows.append(f"| {key} | {runs} | {len(ratios)} | **{statistics.median(ratios):.3f}** | {ci} | "
-                    f"{min(ratios):.3f} - {max(ratios):.3f} |")
-    print("Pooled reports:")
-    for path, report, _ in reports:
-        settings = report.get("settings", {})
-        print(f"- {path}: `{report.get('command', '?')}` ({settings.get('threads', '?')} threads, "
-              f"{settings.get('clock', '?')} clock, malloc {settings.get('malloc', '?')})")
-    print("\n| measurement | runs | pairs | RoPE / baseline (median of all pairs) | 95 % interval of "
-          "that median (bootstrap) | pair range |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
-    if json_out:
-        write_json(json_out, {"pooled": [str(p) for p in paths], "results": pooled})
-        print(f"\nJSON written to {json_out}")
-
-
-def fault_counts(faults, unit):
-    """Medians of the page-fault counts of each model's repetitions. Counts, not speeds: their
-    ratio means little (and nothing when one side is zero), so none is given."""
-    result = summarise(faults["baseline"], faults["rope"], higher_is_better=False)
-    result.update(unit=unit, ratio_median=None, ratio_min=None, ratio_max=None, ratio_median_ci95=None)
+    result = summarise(*alternate(lambda: measure("baseline"), lambda: measure("rope"), reps))
+    result.update(details)
+    if device.type == "cpu":
+        result["page_faults"] = summarise_counts(faults["baseline"], faults["rope"], faults_unit)
     return result
-
-
-def alternate(fn_a, fn_b, reps):
-    """A B A B ...; the order inside a pair flips every repetition (A B, B A, A B ...) so that
-    neither model always runs second."""
-    a_values, b_values = [], []
-    for rep in range(reps):
-        if rep % 2 == 0:
-            a_values.append(fn_a())
-            b_values.append(fn_b())
-        else:
-            b_values.append(fn_b())
-            a_values.append(fn_a())
-    return a_values, b_values
 
 
 # --------------------------------------------------------------------------------------------
 # benchmarks
 
 
-def bench_training(dim, args, task, device):
-    base_arch, rope_arch = ARCHS[dim]
-    sentences = max(1, args.tokens_per_batch // args.length)
-    batch = make_batch(task, sentences, args.length, device)
-    tokens = sentences * args.length
+def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_rep_seconds):
+    """Target tokens per second of training steps of the two models of ``archs``; every
+    repetition runs enough steps to last ``min_rep_seconds`` (timed on the baseline)."""
     runs = {}
-    for name, arch in (("baseline", base_arch), ("rope", rope_arch)):
-        model = build_model(arch, task, device)
+    for name, arch in zip(MODELS, archs):
+        model = build_model(arch, task, stopwatch.device)
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        for _ in range(args.warmup):
+        for _ in range(warmup):
             train_step(model, optimizer, batch)
         runs[name] = (model, optimizer)
-    # enough steps per repetition to last --min-rep-seconds (timed on the baseline)
-    step_seconds = timed(lambda: train_step(*runs["baseline"], batch), device)
-    n_steps = max(args.steps, round(args.min_rep_seconds / step_seconds))
-
-    faults = {"baseline": [], "rope": []}
+    step_seconds = stopwatch.seconds(lambda: train_step(*runs["baseline"], batch))
+    n_steps = max(min_steps, round(min_rep_seconds / step_seconds))
+    sentences, length = batch["target"].shape
+    tokens = sentences * length
 
     def run(name):
         model, optimizer = runs[name]
@@ -271,89 +203,73 @@ def bench_training(dim, args, task, device):
             for _ in range(n_steps):
                 train_step(model, optimizer, batch)
 
-        before = page_faults()
-        seconds = timed(steps, device)
-        faults[name].append((page_faults() - before) / n_steps)
-        return tokens * n_steps / seconds
+        seconds, faults = stopwatch.seconds_and_faults(steps)
+        return tokens * n_steps / seconds, faults / n_steps
 
-    a, b = alternate(lambda: run("baseline"), lambda: run("rope"), args.reps)
-    result = summarise(a, b)
-    result.update(unit="target tokens/s", tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
-    if device.type == "cpu":
-        result["page_faults"] = fault_counts(faults, "faults/step")
-    return result
+    return compare(run, reps, stopwatch.device, "faults/step", unit="target tokens/s", tokens_per_batch=tokens,
+                   sentences=sentences, steps_per_rep=n_steps)
 
 
-def bench_generation(dim, args, task, device):
+def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4):
+    """Sentences per second of beam search with incremental decoding, every hypothesis forced to
+    ``length`` tokens so that both models do the same work."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    base_arch, rope_arch = ARCHS[dim]
-    length = args.gen_length
-    batch = make_batch(task, args.gen_sentences, length, device, seed=1)
+    batch = make_batch(task, sentences, length, stopwatch.device, seed=1)
     sample = {"net_input": {"src_tokens": batch["src_tokens"], "src_lengths": batch["src_lengths"]}}
-    runs = {}
-    for name, arch in (("baseline", base_arch), ("rope", rope_arch)):
-        model = build_model(arch, task, device)
+    generators = {}
+    for name, arch in zip(MODELS, archs):
+        model = build_model(arch, task, stopwatch.device)
         model.eval()
         generator = SequenceGenerator(
-            [model], task.target_dictionary, beam_size=4,
+            [model], task.target_dictionary, beam_size=beam,
             max_len_a=0, max_len_b=length, min_len=length,
         )
-        runs[name] = generator
-        for _ in range(args.warmup):
+        generators[name] = generator
+        for _ in range(warmup):
             generator.generate([model], sample)
 
-    faults = {"baseline": [], "rope": []}
-
     def run(name):
-        generator = runs[name]
+        generator = generators[name]
         out = []
-        before = page_faults()
-        seconds = timed(lambda: out.append(generator.generate(generator.model.models, sample)), device)
-        faults[name].append(page_faults() - before)
+        seconds, faults = stopwatch.seconds_and_faults(
+            lambda: out.append(generator.generate(generator.model.models, sample)))
         hyp_lengths = {len(h[0]["tokens"]) for h in out[0]}
         assert hyp_lengths == {length + 1}, f"unequal hypothesis lengths {hyp_lengths}"
-        return args.gen_sentences / seconds
+        return sentences / seconds, faults
 
-    a, b = alternate(lambda: run("baseline"), lambda: run("rope"), args.reps)
-    result = summarise(a, b)
-    result.update(unit="sentences/s", sentences=args.gen_sentences, length=length, beam=4)
-    if device.type == "cpu":
-        result["page_faults"] = fault_counts(faults, "faults/generate call")
-    return result
+    return compare(run, reps, stopwatch.device, "faults/generate call", unit="sentences/s", sentences=sentences,
+                   length=length, beam=beam)
 
 
-def bench_rotation(args, device):
+def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     """q and k of one base-size self-attention layer rotated as the layer rotates them
     (``rotate_projections_``) against ``copy_`` of the same bytes; both alternate inside every
     repetition."""
-    import fairseq_rope  # noqa: F401
-    from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
-
+    rotary_attention = load_plugin()
+    device = stopwatch.device
     embed, heads = 512, 8
-    sentences = max(1, args.tokens_per_batch // args.length)
-    attn = RotaryMultiheadAttention(embed, heads, self_attention=True).to(device)
+    attn = rotary_attention(embed, heads, self_attention=True).to(device)
     g = torch.Generator().manual_seed(0)
     # projection outputs: (time * batch, embed_dim), time-major
-    q = torch.randn(args.length * sentences, embed, generator=g).to(device)
-    k = torch.randn(args.length * sentences, embed, generator=g).to(device)
-    positions = torch.arange(args.length, device=device)
-    per_sentence = torch.arange(args.length, device=device).expand(sentences, -1).contiguous()
+    q = torch.randn(length * sentences, embed, generator=g).to(device)
+    k = torch.randn(length * sentences, embed, generator=g).to(device)
+    positions = torch.arange(length, device=device)
+    per_sentence = torch.arange(length, device=device).expand(sentences, -1).contiguous()
     src = torch.randn(2 * q.numel(), generator=g).to(device)
     dst = torch.empty_like(src)
-    inner = args.rotation_inner
 
     def rot(pos):
         def fn():  # rotations preserve norms: rotating the same tensors again and again is safe
             for _ in range(inner):
-                attn.rotate_projections_([q, k], args.length, sentences, pos, args.length)
+                attn.rotate_projections_([q, k], length, sentences, pos, length)
         return fn
 
     def copy():
         for _ in range(inner):
             dst.copy_(src)
 
-    for _ in range(args.warmup + 2):
+    for _ in range(warmup + 2):
         rot(positions)(); rot(per_sentence)(); copy()
     variants = [
         ("self-attention (positions shared by the batch)", rot(positions)),
@@ -361,12 +277,10 @@ def bench_rotation(args, device):
     ]
     results = {}
     for label, fn in variants:
-        a, b = alternate(
-            lambda: timed(copy, device) / inner, lambda: timed(fn, device) / inner, args.rotation_reps
-        )
+        a, b = alternate(lambda: stopwatch.seconds(copy) / inner, lambda: stopwatch.seconds(fn) / inner, reps)
         res = summarise(a, b, higher_is_better=False)
-        res.update(unit="ms", shape=[args.length, sentences, embed], bytes=2 * q.numel() * q.element_size())
-        for key in ("baseline", "rope"):
+        res.update(unit="ms", shape=[length, sentences, embed], bytes=2 * q.numel() * q.element_size())
+        for key in MODELS:
             res[key] *= 1e3
         res["baseline_all"] = [v * 1e3 for v in a]
         res["rope_all"] = [v * 1e3 for v in b]
@@ -377,23 +291,10 @@ def bench_rotation(args, device):
 # ------------------------------- peak memory: one fresh process per model
 
 
-def _status_kib(field):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def memory_child(arch, args):
+def memory_child(arch, device, vocab, sentences, length, steps):
     """Build ``arch``, run training steps, print the memory high-water marks as JSON."""
-    device = torch.device(args.device)
-    task = _Task(args.vocab)
-    sentences = max(1, args.tokens_per_batch // args.length)
-    batch = make_batch(task, sentences, args.length, device)
+    task = _Task(vocab)
+    batch = make_batch(task, sentences, length, device)
     model = build_model(arch, task, device)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -401,31 +302,25 @@ def memory_child(arch, args):
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        for _ in range(args.memory_steps):
+        for _ in range(steps):
             train_step(model, optimizer, batch)
         sync(device)
         peak = torch.cuda.max_memory_allocated(device)
         out = {"peak_mib": peak / 2**20, "peak_above_start_mib": (peak - before) / 2**20}
     else:
-        import resource
-
-        before = _status_kib("VmRSS")
-        for _ in range(args.memory_steps):
+        before = status_kib("VmRSS")
+        for _ in range(steps):
             train_step(model, optimizer, batch)
-        peak = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = peak_resident_kib()
         out = {"peak_mib": peak / 1024}
         if before is not None:
             out["peak_above_start_mib"] = (peak - before) / 1024
     print("MEMORY_JSON " + json.dumps(out))
 
 
-def bench_memory(dim, args):
-    base_arch, rope_arch = ARCHS[dim]
-    common = [
-        "--device", args.device, "--vocab", str(args.vocab), "--length", str(args.length),
-        "--tokens-per-batch", str(args.tokens_per_batch), "--threads", str(args.threads),
-        "--memory-steps", str(args.memory_steps),
-    ]
+def bench_memory(archs, child_args, reps):
+    """Peak training memory of each model of ``archs``, each in a fresh process run with
+    ``--memory-child ARCH`` and ``child_args``."""
 
     def measure(arch):
         # A fixed glibc mmap threshold returns every large tensor to the OS when it is freed, so
@@ -433,13 +328,14 @@ def bench_memory(dim, args):
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
         env.pop("GLIBC_TUNABLES", None)  # --malloc retain is for timings only
         proc = subprocess.run(
-            [sys.executable, __file__, "--memory-child", arch, *common],
+            [sys.executable, __file__, "--memory-child", arch, *child_args],
             capture_output=True, text=True, check=True, env=env,
         )
         line = [x for x in proc.stdout.splitlines() if x.startswith("MEMORY_JSON ")][-1]
         return json.loads(line[len("MEMORY_JSON "):])
 
-    results_a, results_b = alternate(lambda: measure(base_arch), lambda: measure(rope_arch), args.memory_reps)
+    base_arch, rope_arch = archs
+    results_a, results_b = alternate(lambda: measure(base_arch), lambda: measure(rope_arch), reps)
     out = {}
     for key in ("peak_mib", "peak_above_start_mib"):
         if key in results_a[0]:
@@ -458,16 +354,7 @@ def hardware(device):
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
     else:
-        model = None
-        try:
-            out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-            for line in out.splitlines():
-                if line.startswith("Model name:"):
-                    model = line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        info["device"] = model or platform.processor() or "cpu"
-        info["cpus"] = os.cpu_count()
+        info.update(describe_cpu())
     return info
 
 
@@ -475,24 +362,71 @@ def fmt(v):
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
 
 
-def table(results):
-    rows = [
+def table(rows):
+    """Markdown table of (label, summary, target) rows."""
+    lines = [
         "| measurement | baseline | RoPE | RoPE / baseline (median of pairs) | pair range | target |",
         "|---|---|---|---|---|---|",
     ]
-    for label, res, target in results:
+    for label, res, target in rows:
         ratio, pair_range = "-", "-"
         if res["ratio_median"] is not None:
             ratio = f"**{res['ratio_median']:.3f}**"
             pair_range = f"{res['ratio_min']:.3f} - {res['ratio_max']:.3f}"
-        rows.append(
+        lines.append(
             f"| {label} | {fmt(res['baseline'])} {res['unit']} | {fmt(res['rope'])} {res['unit']} | "
             f"{ratio} | {pair_range} | {target} |"
         )
-    return "\n".join(rows)
+    return "\n".join(lines)
 
 
-def main():
+def write_json(path, data):
+    write_text_atomically(path, json.dumps(data, indent=2))
+
+
+def read_reports(paths):
+    """(path, report, its results) of every saved ``--json-out`` report; SystemExit naming a file that is not one."""
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            results = report["results"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})")
+        reports.append((path, report, results))
+    return reports
+
+
+def pool_reports(paths, json_out=None):
+    """Pool the per-pair ratios of several saved reports (``--json-out``) row by row: the median
+    of all their pairs and its bootstrap interval, for targets closer than one run resolves."""
+    reports = read_reports(paths)
+    pooled = pool_ratios([results for _, _, results in reports])
+    print("Pooled reports:")
+    for path, report, _ in reports:
+        settings = report.get("settings", {})
+        print(f"- {path}: `{report.get('command', '?')}` ({settings.get('threads', '?')} threads, "
+              f"{settings.get('clock', '?')} clock, malloc {settings.get('malloc', '?')})")
+    print("\n| measurement | runs | pairs | RoPE / baseline (median of all pairs) | 95 % interval of "
+          "that median (bootstrap) | pair range |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for key, row in pooled.items():
+        interval = row["ratio_median_ci95"]
+        ci = f"{interval[0]:.3f} - {interval[1]:.3f}" if interval else "-"
+        rows.append(f"| {key} | {row['runs']} | {row['pairs']} | **{row['ratio_median']:.3f}** | {ci} | "
+                    f"{row['ratio_min']:.3f} - {row['ratio_max']:.3f} |")
+    print("\n".join(rows))
+    if json_out:
+        write_json(json_out, {"pooled": [str(p) for p in paths], "results": pooled})
+        print(f"\nJSON written to {json_out}")
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dims", nargs="+", choices=sorted(ARCHS), default=["tiny", "base"])
     p.add_argument("--reps", type=int, default=7, help="A/B pairs per training and generation row")
@@ -512,7 +446,7 @@ def main():
     p.add_argument("--skip", nargs="*", default=[], choices=["train", "generate", "rotation", "memory"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
-    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall: elapsed time; process: CPU time of this process, less sensitive to "
                         "other programs on a shared CPU (use with --threads 1; not for CUDA)")
     p.add_argument("--malloc", choices=["default", "retain"], default="default",
@@ -522,55 +456,78 @@ def main():
     p.add_argument("--pool", nargs="+", metavar="REPORT",
                    help="run nothing: pool the pairs of these --json-out reports row by row")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.pool:
-        pool_reports(args.pool, args.json_out)
-        return
-    use_malloc(args.malloc)
+    return p.parse_args(argv)
 
-    global CLOCK
-    if args.clock == "process":
-        CLOCK = time.process_time
-    torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
-    if args.memory_child:
-        memory_child(args.memory_child, args)
-        return
-    import logging
 
-    logging.disable(logging.WARNING)
-    device = torch.device(args.device)
+def memory_child_args(args):
+    """The options a ``--memory-child`` process needs, as a command line."""
+    return ["--device", args.device, "--vocab", str(args.vocab), "--length", str(args.length),
+            "--tokens-per-batch", str(args.tokens_per_batch), "--threads", str(args.threads),
+            "--memory-steps", str(args.memory_steps)]
+
+
+def speed_rows(dim, label, faults_label, res):
+    """Table rows of a training or generation result: the speed (target on base), the faults."""
+    rows = [(f"{dim}: {label}", res, ">= 0.98" if dim == "base" else "")]
+    if "page_faults" in res:
+        rows.append((f"{dim}: page faults per {faults_label}", res["page_faults"], ""))
+    return rows
+
+
+def run_benchmarks(args, device, stopwatch):
+    """Every measurement ``args`` asks for: (results by JSON key, table rows)."""
     task = _Task(args.vocab)
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "hardware": hardware(device),
-              "settings": {k: v for k, v in vars(args).items() if k != "memory_child"}, "results": {}}
-    rows = []
+    sentences = batch_sentences(args.tokens_per_batch, args.length)
+    results, rows = {}, []
     for dim in args.dims:
+        archs = ARCHS[dim]
         if "train" not in args.skip:
-            res = bench_training(dim, args, task, device)
-            report["results"][f"train_{dim}"] = res
-            rows.append((f"{dim}: training throughput", res, ">= 0.98" if dim == "base" else ""))
-            if "page_faults" in res:
-                rows.append((f"{dim}: page faults per training step", res["page_faults"], ""))
+            batch = make_batch(task, sentences, args.length, device)
+            res = bench_training(archs, task, batch, stopwatch, args.reps, args.warmup, args.steps,
+                                 args.min_rep_seconds)
+            results[f"train_{dim}"] = res
+            rows += speed_rows(dim, "training throughput", "training step", res)
             print(f"[{dim}] training done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
         if "memory" not in args.skip:
-            res = bench_memory(dim, args)
-            report["results"][f"memory_{dim}"] = res
+            res = bench_memory(archs, memory_child_args(args), args.memory_reps)
+            results[f"memory_{dim}"] = res
             target = "<= 1.02" if dim == "base" else ""
             rows.append((f"{dim}: peak training memory (process)", res["peak_mib"], target))
             if "peak_above_start_mib" in res:
                 rows.append((f"{dim}: peak training memory (above model + batch)", res["peak_above_start_mib"], target))
             print(f"[{dim}] memory done", file=sys.stderr, flush=True)
         if "generate" not in args.skip:
-            res = bench_generation(dim, args, task, device)
-            report["results"][f"generate_{dim}"] = res
-            rows.append((f"{dim}: beam-4 generation", res, ">= 0.98" if dim == "base" else ""))
-            if "page_faults" in res:
-                rows.append((f"{dim}: page faults per generation call", res["page_faults"], ""))
+            res = bench_generation(archs, task, args.gen_sentences, args.gen_length, stopwatch, args.reps,
+                                   args.warmup)
+            results[f"generate_{dim}"] = res
+            rows += speed_rows(dim, "beam-4 generation", "generation call", res)
             print(f"[{dim}] generation done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
     if "rotation" not in args.skip:
-        for label, res in bench_rotation(args, device).items():
-            report["results"][f"rotation {label}"] = res
+        rotation = bench_rotation(sentences, args.length, stopwatch, args.rotation_reps, args.rotation_inner,
+                                  args.warmup)
+        for label, res in rotation.items():
+            results[f"rotation {label}"] = res
             rows.append((f"base: rotate q and k, {label} (baseline column: copy floor)", res, "<= 2"))
+    return results, rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.pool:
+        pool_reports(args.pool, args.json_out)
+        return
+    use_malloc(args.malloc)
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    device = torch.device(args.device)
+    if args.memory_child:
+        memory_child(args.memory_child, device, args.vocab, batch_sentences(args.tokens_per_batch, args.length),
+                     args.length, args.memory_steps)
+        return
+    logging.disable(logging.WARNING)
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "hardware": hardware(device),
+              "settings": {k: v for k, v in vars(args).items() if k != "memory_child"}, "results": {}}
+    report["results"], rows = run_benchmarks(args, device, Stopwatch(device, CLOCKS[args.clock]))
 
     hw = report["hardware"]
     print(f"\nCommand: `{report['command']}`")

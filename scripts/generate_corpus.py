@@ -28,11 +28,13 @@ Usage: ``python scripts/generate_corpus.py --out-dir work/corpus --train-size 30
 """
 
 import argparse
-import os
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_lines_atomically  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Lexicon
@@ -166,26 +168,26 @@ INDEF_ART = {
 }
 
 
-def en_number(n: int) -> str:
+def cardinal(n: int, units, teens, tens, compound) -> str:
+    """The word for 2..99 from a language's words for units, teens and tens;
+    ``compound(tens_word, unit)`` joins the two parts of 21..99 that are not a multiple of ten."""
     if n < 10:
-        return EN_UNITS[n]
+        return units[n]
     if n < 20:
-        return EN_TEENS[n - 10]
-    tens, units = divmod(n, 10)
-    return EN_TENS[tens] + ("-" + EN_UNITS[units] if units else "")
+        return teens[n - 10]
+    ten, unit = divmod(n, 10)
+    return compound(tens[ten], unit) if unit else tens[ten]
+
+
+def en_number(n: int) -> str:
+    """English cardinal for 2..99: twenty-one."""
+    return cardinal(n, EN_UNITS, EN_TEENS, EN_TENS, lambda tens, unit: f"{tens}-{EN_UNITS[unit]}")
 
 
 def de_number(n: int) -> str:
     """German cardinal for 2..99: units come before tens (21 -> einundzwanzig)."""
-    if n < 10:
-        return DE_UNITS[n]
-    if n < 20:
-        return DE_TEENS[n - 10]
-    tens, units = divmod(n, 10)
-    if not units:
-        return DE_TENS[tens]
-    unit = "ein" if units == 1 else DE_UNITS[units]
-    return unit + "und" + DE_TENS[tens]
+    return cardinal(n, DE_UNITS, DE_TEENS, DE_TENS,
+                    lambda tens, unit: ("ein" if unit == 1 else DE_UNITS[unit]) + "und" + tens)
 
 
 def adjective_ending(det: str, case: str, gender: str) -> str:
@@ -375,14 +377,6 @@ def generate(seed: int, sizes):
     return out
 
 
-def write_atomic(path: Path, lines):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{SRC,TGT}")
@@ -401,8 +395,8 @@ def main(argv=None):
     sizes = [("train", args.train_size), ("valid", args.valid_size), ("test", args.test_size)]
     data = generate(args.seed, sizes)
     for split, pairs in data.items():
-        write_atomic(out / f"{split}.{args.src}", (en for en, _ in pairs))
-        write_atomic(out / f"{split}.{args.tgt}", (de for _, de in pairs))
+        write_lines_atomically(out / f"{split}.{args.src}", (en for en, _ in pairs))
+        write_lines_atomically(out / f"{split}.{args.tgt}", (de for _, de in pairs))
     total = sum(n for _, n in sizes)
     print(f"[generate_corpus] wrote {total} sentence pairs (seed {args.seed}) to {out}", file=sys.stderr)
 

@@ -15,6 +15,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_atomically  # noqa: E402
+
 TRAIN_RE = re.compile(r"\btrain_inner\b.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
 VALID_RE = re.compile(r"valid on '([^']+)' subset\b.*?\| loss ([0-9.]+) \|.*?\| num_updates (\d+)")
 
@@ -56,10 +59,11 @@ def plot(runs, output, title=None):
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = output + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, output)
+    try:
+        # format named: the temporary file's name does not end in .png
+        write_atomically(output, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None):

@@ -22,8 +22,7 @@
 # Knobs (environment variables, defaults shown below); MODEL_ARGS adds fairseq-train arguments,
 # e.g. MODEL_ARGS="--encoder-embed-dim 128 --decoder-embed-dim 128".
 set -euo pipefail
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" quickstart
 RECIPE="$ROOT/examples/wmt14_en_de"
 
 QUICKSTART_DIR="${QUICKSTART_DIR:-$ROOT/work/quickstart}"
@@ -49,7 +48,6 @@ export OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" PYTHONUNBUFFERED=1
 
 START=$(date +%s)
 say() { printf '[quickstart %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
-die() { printf '[quickstart] error: %s\n' "$*" >&2; exit 1; }
 progress() {  # condense fairseq-train's log to one line per logged update / validation
     local line re_upd='num_updates[= ]([0-9]+)'
     while IFS= read -r line; do

@@ -8,15 +8,14 @@
 # A torch already present in the venv (for example a CUDA build a GPU user installed first) is
 # kept and pinned, so no later step can pull a second torch.
 set -euo pipefail
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" setup
 VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-fairseq-fixed==0.12.3.1}"
 STAMP="$VENV/.fairseq_rope_installed"
 
-log() { printf '[setup] %s\n' "$*"; }
+log() { printf '[setup] %s\n' "$*"; }  # on stdout, not common.sh's stderr: make setup's own report
 
 if [[ ! -x "$VENV/bin/python" ]]; then
     log "creating virtual environment $VENV"

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "examples" / "wmt14_en_de"))
 import text_tools  # noqa: E402  (the recipe's tokenizer, step records and strict line reader)
+from common import write_lines, write_text_atomically  # noqa: E402
 from text_lines import InputError  # noqa: E402
 
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
@@ -240,31 +240,6 @@ class _Stdin(os.PathLike):
         return "standard input"
 
 
-def write_output(path, lines):
-    """Write ``lines`` to ``path`` atomically (temporary file in the same directory, renamed), or to
-    stdout when ``path`` is None."""
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    if path is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    path = os.path.abspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def default_threads():
     try:
         cores = len(os.sched_getaffinity(0))
@@ -453,7 +428,9 @@ def main(argv=None):
             hyps = moses_detokenize(hyps, args.tgt)
     else:
         hyps = [" ".join(h) for h in hyps]
-    write_output(args.output, hyps)
+    if args.output is None:
+        sys.stdout.reconfigure(encoding="utf-8")  # UTF-8 whatever the locale, as --output is
+    write_lines(args.output, hyps)
 
     n = sum(1 for s in sources if s)
     stats = dict(engine=args.engine, sentences=n, lines=len(sources), seconds=round(seconds, 3),
@@ -461,15 +438,11 @@ def main(argv=None):
                  lenpen=args.lenpen, batch_size=args.batch_size, threads=args.threads, device=args.device,
                  compute_type=args.compute_type)
     if args.stats_json:
-        write_output_json(args.stats_json, stats)
+        write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")
     if not args.quiet:
         say(f"{len(sources)} lines ({n} to translate) in {seconds:.2f} s of decoding"
             + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")
             + f" ({args.engine}, beam {args.beam}, {args.threads} thread{'s' if args.threads != 1 else ''})")
-
-
-def write_output_json(path, data):
-    write_output(path, json.dumps(data, indent=1).splitlines())
 
 
 def translate(engine, sources, batch_size, progress=False):

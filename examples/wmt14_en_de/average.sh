@@ -5,22 +5,17 @@
 #   bash examples/wmt14_en_de/average.sh                          # last 5 update checkpoints
 #   NUM=10 SAVE_DIR=work/wmt14_en_de/checkpoints/transformer_wmt_en_de bash examples/wmt14_en_de/average.sh
 #
-# Knobs (environment, defaults shown): WORK_DIR, ARCH, SAVE_DIR, NUM=5, KIND=update|epoch,
-# UPPER_BOUND (ignore checkpoints after this update/epoch), OUTPUT=$SAVE_DIR/checkpoint.avg$NUM.pt
+# Knobs (environment, defaults shown): WORK_DIR, ARCH, SAVE_DIR (common.sh), NUM=5,
+# KIND=update|epoch, UPPER_BOUND (ignore checkpoints after this update/epoch),
+# OUTPUT=$SAVE_DIR/checkpoint.avg$NUM.pt
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" average
+model_paths
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
-ARCH="${ARCH:-transformer_rope_wmt_en_de}"
-SAVE_DIR="${SAVE_DIR:-$WORK_DIR/checkpoints/$ARCH}"
 NUM="${NUM:-5}"
 KIND="${KIND:-update}"
 UPPER_BOUND="${UPPER_BOUND:-}"
 OUTPUT="${OUTPUT:-$SAVE_DIR/checkpoint.avg$NUM.pt}"
-
-die() { printf '[average] error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[average] %s\n' "$*" >&2; }
 
 [[ -d "$SAVE_DIR" ]] || die "no checkpoint directory $SAVE_DIR: run train.sh first (or set SAVE_DIR)"
 case "$KIND" in

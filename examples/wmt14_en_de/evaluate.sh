@@ -16,13 +16,10 @@
 #   bash examples/wmt14_en_de/evaluate.sh --engine ctranslate2      # or ENGINE=ctranslate2
 #   CHECKPOINT=work/wmt14_en_de/checkpoints/transformer_wmt_en_de/checkpoint_best.pt bash examples/wmt14_en_de/evaluate.sh
 #
-# Knobs (environment, defaults shown below); --engine wins over ENGINE.
+# Knobs (environment, defaults shown below and, for WORK_DIR, SRC, TGT, ARCH, DATA_BIN and
+# SAVE_DIR, in common.sh); --engine wins over ENGINE.
 set -euo pipefail
-
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-die() { printf '[evaluate] error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[evaluate] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" evaluate
 
 ENGINE="${ENGINE:-fairseq}"                # fairseq | ctranslate2
 while [[ $# -gt 0 ]]; do
@@ -30,17 +27,12 @@ while [[ $# -gt 0 ]]; do
         --engine) [[ $# -ge 2 && -n "$2" ]] || die "--engine needs a value (fairseq or ctranslate2)"
                   ENGINE="$2"; shift 2 ;;
         --engine=*) ENGINE="${1#--engine=}"; shift ;;
-        -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) die "unknown option '$1' (the knobs are environment variables; see --help)" ;;
     esac
 done
-WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
-DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
-ARCH="${ARCH:-transformer_rope_wmt_en_de}"
-SAVE_DIR="${SAVE_DIR:-$WORK_DIR/checkpoints/$ARCH}"
+model_paths
 CHECKPOINT="${CHECKPOINT:-$SAVE_DIR/checkpoint.avg5.pt}"
-SRC="${SRC:-en}"
-TGT="${TGT:-de}"
 SUBSET="${SUBSET:-test}"
 BEAM="${BEAM:-4}"
 LENPEN="${LENPEN:-0.6}"

@@ -47,15 +47,10 @@
 #   --workers N [WORKERS]              processes (default: all cores)
 #   [PYTHON, WMT14_URL, WMT13_URL]     the python to run, download mirrors
 set -euo pipefail
-
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" prepare   # HERE, ROOT, log, die, usage; WORK_DIR, SRC, TGT
 PYTHON="${PYTHON:-python}"
 
-WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
 RAW_DIR="${RAW_DIR:-}"               # directory holding the WMT14 .tgz archives (no download)
-SRC="${SRC:-en}"
-TGT="${TGT:-de}"
 TRAIN_PREFIX="${TRAIN_PREFIX:-}"     # bring your own corpus: PREFIX.SRC and PREFIX.TGT files
 VALID_PREFIX="${VALID_PREFIX:-}"
 TEST_PREFIX="${TEST_PREFIX:-}"
@@ -71,9 +66,6 @@ WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 WMT14_URL="${WMT14_URL:-https://www.statmt.org/wmt14}"
 WMT13_URL="${WMT13_URL:-https://www.statmt.org/wmt13}"
 
-usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "${BASH_SOURCE[0]}"; }
-die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[prepare] %s\n' "$*" >&2; }
 # an option's value: present, not empty, not the next option
 need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
 

@@ -9,8 +9,8 @@
 # Knobs: those of prepare.sh, train.sh, average.sh and evaluate.sh (all environment variables);
 # TRAIN_ARGS adds fairseq-train arguments, e.g. TRAIN_ARGS="--rope-theta 20000".
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-export ARCH="${ARCH:-transformer_rope_wmt_en_de}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" run_all
+export ARCH  # with its default from common.sh: every step works on the same model
 read -r -a EXTRA <<< "${TRAIN_ARGS:-}"
 bash "$HERE/prepare.sh" "$@"
 bash "$HERE/train.sh" "${EXTRA[@]}"

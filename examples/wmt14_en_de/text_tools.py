@@ -33,9 +33,9 @@ Sub-commands (each reads and writes plain UTF-8 text, one sentence per line):
 Every reader splits its input only at ``\\n`` (a last line without ``\\n`` counts as a line) and
 decodes it strictly as UTF-8: the first invalid byte stops it with the file name and line number,
 unless ``--replace-invalid-utf8`` is given, which replaces invalid bytes with U+FFFD and says in
-how many lines it did so. Every output is written to ``OUT.tmp`` and renamed when complete.
-Error messages are one line, ``[PREFIX] error: ...`` (PREFIX: $TEXT_TOOLS_PREFIX, default
-``text_tools``).
+how many lines it did so. Every output is written to a temporary file beside it and renamed
+when complete. Error messages are one line, ``[PREFIX] error: ...`` (PREFIX: $TEXT_TOOLS_PREFIX,
+default ``text_tools``).
 """
 
 import argparse
@@ -50,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import text_lines  # noqa: E402
+from common import write_atomically, write_lines_atomically  # noqa: E402
 from text_lines import InputError  # noqa: E402
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
@@ -94,22 +95,6 @@ def tokenize_line(line: str) -> str:
     return _Tok.tokenizer.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=False)
 
 
-def _write_atomic(path, lines):
-    tmp = path + ".tmp"
-    count = 0
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
-            for line in lines:
-                out.write(line + "\n")
-                count += 1
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
-    return count
-
-
 def cmd_normalize(args):
     readers = [LineReader(path, args.replace_invalid_utf8) for path in args.inputs]
 
@@ -117,7 +102,7 @@ def cmd_normalize(args):
         for reader in readers:
             yield from reader
 
-    n = _write_atomic(args.output, all_lines())
+    n = write_lines_atomically(args.output, all_lines())
     for reader in readers:
         reader.report()
     print(f"[normalize] {', '.join(args.inputs)} -> {args.output}: {n} lines", file=sys.stderr)
@@ -133,7 +118,7 @@ def cmd_sgm2txt(args):
     if not segs:
         raise InputError(f"no <seg id=...> lines in {args.input}: is it a WMT .sgm file?")
     reader.report()
-    n = _write_atomic(args.output, segs)
+    n = write_lines_atomically(args.output, segs)
     print(f"[sgm2txt] {args.input}: {n} segments", file=sys.stderr)
 
 
@@ -144,10 +129,10 @@ def cmd_tokenize(args):
     if args.workers > 1 and len(lines) > 20000:
         with Pool(args.workers, initializer=_init_tokenizer, initargs=(args.lang,)) as pool:
             out = pool.imap(tokenize_line, lines, chunksize=2000)
-            n = _write_atomic(args.output, out)
+            n = write_lines_atomically(args.output, out)
     else:
         _init_tokenizer(args.lang)
-        n = _write_atomic(args.output, (tokenize_line(line) for line in lines))
+        n = write_lines_atomically(args.output, (tokenize_line(line) for line in lines))
     print(f"[tokenize] {args.input} ({args.lang}): {n} lines", file=sys.stderr)
 
 
@@ -158,7 +143,7 @@ def cmd_detokenize(args):
     reader = LineReader(args.input, args.replace_invalid_utf8)
     lines = [detok.detokenize(line.split()) for line in reader]
     reader.report()
-    _write_atomic(args.output, lines)
+    write_lines_atomically(args.output, lines)
 
 
 def keep_pair(src: str, tgt: str, lo: int, hi: int, ratio: float) -> bool:
@@ -175,9 +160,11 @@ def cmd_clean(args):
     s_out, t_out = f"{args.out_prefix}.{args.src}", f"{args.out_prefix}.{args.tgt}"
     rs, rt = LineReader(s_in, args.replace_invalid_utf8), LineReader(t_in, args.replace_invalid_utf8)
     kept = total = 0
-    try:
-        with open(s_out + ".tmp", "w", encoding="utf-8", newline="\n") as os_, \
-                open(t_out + ".tmp", "w", encoding="utf-8", newline="\n") as ot:
+
+    def write_pairs(s_tmp, t_tmp):
+        nonlocal kept, total
+        with open(s_tmp, "w", encoding="utf-8", newline="\n") as os_, \
+                open(t_tmp, "w", encoding="utf-8", newline="\n") as ot:
             it_s, it_t = iter(rs), iter(rt)
             for s, t in zip(it_s, it_t):
                 total += 1
@@ -191,15 +178,12 @@ def cmd_clean(args):
             if rest_s or rest_t:
                 raise InputError(f"{s_in} ({total + rest_s} lines) and {t_in} ({total + rest_t} lines) "
                                  f"are not parallel")
-    except BaseException:
-        for tmp in (s_out + ".tmp", t_out + ".tmp"):
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise
+
+    # Both sides or neither: the target's write runs inside the source's, so both temporary files
+    # are complete before either is renamed, and a failure removes both.
+    write_atomically(s_out, lambda s_tmp: write_atomically(t_out, lambda t_tmp: write_pairs(s_tmp, t_tmp)))
     rs.report()
     rt.report()
-    os.replace(s_out + ".tmp", s_out)
-    os.replace(t_out + ".tmp", t_out)
     print(f"[clean] {args.in_prefix}: kept {kept} of {total} pairs", file=sys.stderr)
 
 
@@ -218,7 +202,7 @@ def cmd_spm_encode(args):
 
     sp = spm.SentencePieceProcessor(model_file=args.model)
     reader = LineReader(args.input, args.replace_invalid_utf8)
-    _write_atomic(args.output, (" ".join(sp.encode(line, out_type=str)) for line in reader))
+    write_lines_atomically(args.output, (" ".join(sp.encode(line, out_type=str)) for line in reader))
     reader.report()
 
 
@@ -361,47 +345,35 @@ def main(argv=None):
     reader = argparse.ArgumentParser(add_help=False)
     reader.add_argument("--replace-invalid-utf8", action="store_true",
                         help="replace invalid UTF-8 bytes with U+FFFD instead of stopping")
-    a = sub.add_parser("normalize", parents=[reader])
-    a.add_argument("--output", required=True)
-    a.add_argument("inputs", nargs="+")
-    a.set_defaults(func=cmd_normalize)
-    a = sub.add_parser("sgm2txt", parents=[reader])
-    a.add_argument("input")
-    a.add_argument("output")
-    a.set_defaults(func=cmd_sgm2txt)
-    a = sub.add_parser("tokenize", parents=[reader])
+
+    def command(name, func, *positionals, reads_text=True):
+        """Sub-command ``name`` running ``func``, with these positional arguments (``inputs``: one
+        or more) and, where it reads text, --replace-invalid-utf8."""
+        a = sub.add_parser(name, parents=[reader] if reads_text else [])
+        for positional in positionals:
+            a.add_argument(positional, nargs="+" if positional == "inputs" else None)
+        a.set_defaults(func=func)
+        return a
+
+    command("normalize", cmd_normalize, "inputs").add_argument("--output", required=True)
+    command("sgm2txt", cmd_sgm2txt, "input", "output")
+    a = command("tokenize", cmd_tokenize, "input", "output")
     a.add_argument("--lang", required=True)
     a.add_argument("--workers", type=int, default=1)
-    a.add_argument("input")
-    a.add_argument("output")
-    a.set_defaults(func=cmd_tokenize)
-    a = sub.add_parser("detokenize", parents=[reader])
-    a.add_argument("--lang", required=True)
-    a.add_argument("input")
-    a.add_argument("output")
-    a.set_defaults(func=cmd_detokenize)
-    a = sub.add_parser("clean", parents=[reader])
+    command("detokenize", cmd_detokenize, "input", "output").add_argument("--lang", required=True)
+    a = command("clean", cmd_clean, "in_prefix", "out_prefix")
     a.add_argument("--src", required=True)
     a.add_argument("--tgt", required=True)
     a.add_argument("--min", type=int, default=1)
     a.add_argument("--max", type=int, default=250)
     a.add_argument("--ratio", type=float, default=1.5)
-    a.add_argument("in_prefix")
-    a.add_argument("out_prefix")
-    a.set_defaults(func=cmd_clean)
-    a = sub.add_parser("spm-train")
+    a = command("spm-train", cmd_spm_train, "inputs", reads_text=False)
     a.add_argument("--vocab-size", type=int, required=True)
     a.add_argument("--model-prefix", required=True)
     a.add_argument("--sample", type=int, default=4000000, help="sentences sampled for training")
     a.add_argument("--workers", type=int, default=1)
-    a.add_argument("inputs", nargs="+")
-    a.set_defaults(func=cmd_spm_train)
-    a = sub.add_parser("spm-encode", parents=[reader])
-    a.add_argument("--model", required=True)
-    a.add_argument("input")
-    a.add_argument("output")
-    a.set_defaults(func=cmd_spm_encode)
-    a = sub.add_parser("record")
+    command("spm-encode", cmd_spm_encode, "input", "output").add_argument("--model", required=True)
+    a = command("record", cmd_record, reads_text=False)
     a.add_argument("--step", required=True)
     a.add_argument("--marker", required=True)
     a.add_argument("--base", help="record input paths under this directory relative to it")
@@ -409,10 +381,7 @@ def main(argv=None):
     a.add_argument("--input", action="append", default=[], metavar="KEY=PATH")
     a.add_argument("--optional-input", action="append", default=[], metavar="KEY=PATH",
                    help="an input that may have been deleted since: then its recorded fingerprint is used")
-    a.set_defaults(func=cmd_record)
-    a = sub.add_parser("idx-count")
-    a.add_argument("index")
-    a.set_defaults(func=cmd_idx_count)
+    command("idx-count", cmd_idx_count, "index", reads_text=False)
     args = p.parse_args(argv)
     try:
         args.func(args)

@@ -12,18 +12,12 @@
 # from the number of GPUs (all visible ones, times NNODES) unless you set it. --fp16 on GPU.
 # Multi-node: run this script on every node with NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT
 # set; it starts one process per GPU with torchrun and fairseq's env:// initialisation.
-# Every knob below is an environment variable with the default shown.
+# Every knob below is an environment variable with the default shown; so are WORK_DIR, SRC, TGT,
+# ARCH, DATA_BIN and SAVE_DIR (common.sh).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh" train
+model_paths
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-
-WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
-DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
-ARCH="${ARCH:-transformer_rope_wmt_en_de}"
-SAVE_DIR="${SAVE_DIR:-$WORK_DIR/checkpoints/$ARCH}"
-SRC="${SRC:-en}"
-TGT="${TGT:-de}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
 TOKENS_PER_UPDATE="${TOKENS_PER_UPDATE:-25000}"
 LR="${LR:-5e-4}"
@@ -46,9 +40,6 @@ NODE_RANK="${NODE_RANK:-0}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-29500}"
 LOG_FILE="${LOG_FILE:-$SAVE_DIR/train.log}"
-
-die() { printf '[train] error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[train] %s\n' "$*" >&2; }
 
 [[ -f "$DATA_BIN/dict.$SRC.txt" && -f "$DATA_BIN/train.$SRC-$TGT.$TGT.bin" ]] \
     || die "no binarized $SRC-$TGT data in $DATA_BIN: run examples/wmt14_en_de/prepare.sh first (or set DATA_BIN)"
