@@ -44,7 +44,7 @@ def main():
     use_malloc(args.malloc)
     torch.set_num_threads(args.threads)
 
-    from fairseq_rope.modules import RotaryMultiheadAttention
+    from fairseq_rope.modules import RotaryEmbedding
 
     task = _Task(8000)
     device = torch.device("cpu")
@@ -55,12 +55,12 @@ def main():
         model = build_model(arch, task, device).train()
         models[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
 
-    rotate = RotaryMultiheadAttention.rotate_projections_
+    rotate = RotaryEmbedding.rotate
     faults = {name: [] for name in models}
 
     def step(name):
         off = name == "rope, rotation off"
-        RotaryMultiheadAttention.rotate_projections_ = (lambda self, xs, *_: xs) if off else rotate
+        RotaryEmbedding.rotate = (lambda self, xs, *_, **__: list(xs)) if off else rotate
         try:
             before = page_faults()
             start = time.perf_counter()
@@ -69,7 +69,7 @@ def main():
             faults[name].append(page_faults() - before)
             return seconds
         finally:
-            RotaryMultiheadAttention.rotate_projections_ = rotate
+            RotaryEmbedding.rotate = rotate
 
     for name in models:
         step(name)  # warm-up

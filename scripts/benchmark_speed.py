@@ -57,8 +57,13 @@ from paired_stats import alternate, median_interval, pool_ratios, summarise, sum
 
 ARCHS = {
     "tiny": ("transformer_tiny", "transformer_rope_tiny"),
+    "d256": ("benchmark_transformer_d256", "benchmark_transformer_rope_d256"),
     "base": ("transformer", "transformer_rope"),
 }
+# d256: 256 dimensions, 4 heads, FFN 1,024, 3+3 layers -- registered by load_plugin()
+D256 = dict(encoder_embed_dim=256, decoder_embed_dim=256, encoder_ffn_embed_dim=1024,
+            decoder_ffn_embed_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_layers=3, decoder_layers=3)
 # --clock: wall time, or the CPU seconds of this process (all its threads)
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 MODELS = ("baseline", "rope")
@@ -81,10 +86,23 @@ class _Task:
 
 
 def load_plugin():
-    """Import the plugin, which registers transformer_rope* with fairseq, and return its rotary
-    attention layer: the one place this script imports fairseq_rope."""
+    """Import the plugin, which registers transformer_rope* with fairseq, register the d256
+    architectures, and return its rotary attention layer: the one place this script imports
+    fairseq_rope."""
+    from fairseq.models import ARCH_MODEL_REGISTRY, register_model_architecture
+    from fairseq.models.transformer import base_architecture
+
+    from fairseq_rope.models.transformer_rope import transformer_rope_base
     from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
 
+    for model, arch, defaults in zip(("transformer", "transformer_rope"), ARCHS["d256"],
+                                     (base_architecture, transformer_rope_base)):
+        if arch not in ARCH_MODEL_REGISTRY:
+            def architecture(args, defaults=defaults):
+                for name, value in D256.items():
+                    setattr(args, name, getattr(args, name, None) or value)
+                defaults(args)
+            register_model_architecture(model, arch)(architecture)
     return RotaryMultiheadAttention
 
 
@@ -244,7 +262,7 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
 
 def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     """q and k of one base-size self-attention layer rotated as the layer rotates them
-    (``rotate_projections_``) against ``copy_`` of the same bytes; both alternate inside every
+    (``RotaryEmbedding.rotate`` with ``overwrite=True``) against ``copy_`` of the same bytes; both alternate inside every
     repetition."""
     rotary_attention = load_plugin()
     device = stopwatch.device
@@ -262,7 +280,7 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     def rot(pos):
         def fn():  # rotations preserve norms: rotating the same tensors again and again is safe
             for _ in range(inner):
-                attn.rotate_projections_([q, k], length, sentences, pos, length)
+                attn.rotary.rotate([q, k], pos, length, (length, sentences, heads, embed // heads), overwrite=True)
         return fn
 
     def copy():
@@ -468,7 +486,7 @@ def memory_child_args(args):
 
 def speed_rows(dim, label, faults_label, res):
     """Table rows of a training or generation result: the speed (target on base), the faults."""
-    rows = [(f"{dim}: {label}", res, ">= 0.98" if dim == "base" else "")]
+    rows = [(f"{dim}: {label}", res, ">= 0.98" if dim in ("base", "d256") else "")]
     if "page_faults" in res:
         rows.append((f"{dim}: page faults per {faults_label}", res["page_faults"], ""))
     return rows

@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """Redraw RoFormer's Fig. 2: the relative upper bound of the RoPE inner product against the
-relative distance (Section 3.4.3, eqs. 35-37), straight from the formula
-(``fairseq_rope.modules.rotary.relative_upper_bound``).
+relative distance (Section 3.4.3, eqs. 35-37), straight from the formula.
 
 Usage: ``python scripts/plot_rope_decay.py --out rope_decay.png [--dim 128] [--max-distance 256]``
 """
@@ -14,7 +13,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairseq_rope.modules.rotary import relative_upper_bound  # noqa: E402
+from fairseq_rope.modules.rotary import inverse_frequencies  # noqa: E402
+
+
+def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 10000.0):
+    """(1/(d/2)) sum_{j=1}^{d/2} |S_j| with S_j = sum_{k<j} e^{i (m-n) theta_k}: the long-term
+    decay bound of Section 3.4.3 (eqs. 35-37, Fig. 2), as a function of the relative distance."""
+    inv_freq = inverse_frequencies(rotary_dim, theta).double()
+    phases = relative_distance.double().unsqueeze(-1) * inv_freq
+    partial_sums = torch.cumsum(torch.polar(torch.ones_like(phases), phases), dim=-1)
+    return partial_sums.abs().mean(dim=-1)
 
 
 def main(argv=None):

@@ -79,3 +79,14 @@ def build_model(arch="transformer_rope_tiny", *extra_args, vocab_size=30, seed=0
 
     model = models.build_model(args, Task())
     return model, dictionary, args
+
+
+def table_cos_sin(rotary, positions, length):
+    """fp32 cos and sin of m * theta_i from a RotaryEmbedding's tables, for integer ``positions``."""
+    cos, sin, _ = rotary.tables(length, positions.device)
+    return cos[positions], sin[positions]
+
+
+def rotate(attn, x, positions, length):
+    """R_m x for a time-first (time, batch, heads, head_dim) ``x``, through the layer's rotation."""
+    return attn.rotary.rotate([x], positions, length, x.shape)[0]

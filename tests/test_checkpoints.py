@@ -205,9 +205,9 @@ def test_unknown_plugin_override_is_refused(trained_40):
 def test_inference_overrides_and_restated_values_are_accepted(trained_40):
     path = trained_40[1] / "checkpoint_last.pt"
     model = _load(path, {"rope_theta": 10000.0, "rope_layout": "interleaved", "beam": 4})
-    assert model.encoder.layers[0].self_attn.rope_layout == "interleaved"
-    plain = model.encoder.layers[0].self_attn.rotary_table
-    scaled = _load(path, {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}).encoder.layers[0].self_attn.rotary_table
+    assert model.encoder.layers[0].self_attn.rotary.layout == "interleaved"
+    plain = model.encoder.layers[0].self_attn.rotary
+    scaled = _load(path, {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}).encoder.layers[0].self_attn.rotary
     assert not torch.equal(plain.inv_freq, scaled.inv_freq)
 
 

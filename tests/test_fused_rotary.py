@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from fairseq_rope.modules import fused_rotary
-from fairseq_rope.modules.fused_rotary import can_fuse, fused_available, fused_rotate
+from conftest import rotate, table_cos_sin
+from fairseq_rope.modules.fused_rotary import fused_available, fused_rotate
 from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary
-from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention, RotaryTable
+from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
+from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
 
 needs_fused = pytest.mark.skipif(
     not (torch.cuda.is_available() and fused_available()), reason="needs CUDA and Triton"
@@ -18,7 +20,7 @@ needs_fused = pytest.mark.skipif(
 
 def reference(x, table, positions, layout, max_position):
     """The reference rotation of time-first ``x`` with autograd through ``apply_rotary``."""
-    cos, sin = table.lookup(positions, max_position)
+    cos, sin = table_cos_sin(table, positions, max_position)
     if positions.dim() == 1:
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
     else:
@@ -37,8 +39,8 @@ def test_non_contiguous_input_gives_the_same_rotation():
     """Permuted views (as gradients arrive from batch-first attention) are rotated without a copy
     and give the numbers of their contiguous copy (up to the rounding of the vectorised loop)."""
     torch.manual_seed(0)
-    table = RotaryTable(8, 10000.0)
-    cos, sin = table.lookup(torch.arange(4), 4)
+    table = RotaryEmbedding(8, 10000.0)
+    cos, sin = table_cos_sin(table, torch.arange(4), 4)
     cos, sin = cos[:, None, None, :], sin[:, None, None, :]
     x = torch.randn(2, 3, 4, 8).permute(2, 0, 1, 3)  # (T, B, H, D) view of a batch-first tensor
     for layout in LAYOUTS:
@@ -53,10 +55,10 @@ def test_rotate_falls_back_to_reference_on_cpu():
     torch.manual_seed(0)
     attn = RotaryMultiheadAttention(32, 4, self_attention=True)
     x = torch.randn(6, 2, 4, 8)
-    assert not can_fuse(x)
+    assert not (x.is_cuda and fused_available())
     for positions in (torch.arange(6), torch.randint(0, 6, (2, 6))):
-        expected = reference(x, attn.rotary_table, positions, attn.rope_layout, 6)
-        assert torch.equal(attn.rotate(x, positions, 6), expected)
+        expected = reference(x, attn.rotary, positions, attn.rotary.layout, 6)
+        assert torch.equal(rotate(attn, x, positions, 6), expected)
 
 
 def test_rotate_backward_is_the_inverse_rotation_on_cpu():
@@ -65,11 +67,12 @@ def test_rotate_backward_is_the_inverse_rotation_on_cpu():
     attn = RotaryMultiheadAttention(32, 4, self_attention=True)
     positions = torch.arange(6)
     x = torch.randn(6, 2, 4, 8, dtype=torch.float64, requires_grad=True)
-    out = attn.rotate(x, positions, 6)
+    out = rotate(attn, x, positions, 6)
     grad = torch.randn_like(out)
     (got,) = torch.autograd.grad(out, x, grad)
-    cos, sin = attn.time_first_cos_sin(positions, 6)
-    inverse = apply_rotary(grad, cos.double(), -sin.double(), attn.rope_layout)
+    rotations = attn.rotary.rotations(positions, 6)
+    cos, sin = rotations.real, rotations.imag
+    inverse = apply_rotary(grad, cos.double(), -sin.double(), attn.rotary.layout)
     torch.testing.assert_close(got, inverse, rtol=0, atol=1e-12)
 
 
@@ -93,7 +96,7 @@ def test_fused_matches_reference_forward_and_backward(layout, head_dim, rotary_d
     torch.manual_seed(0)
     T, B, H = 7, 5, 6
     device = "cuda"
-    table = RotaryTable(rotary_dim, 10000.0)
+    table = RotaryEmbedding(rotary_dim, 10000.0)
     positions = positions_for(kind, T, B, device)
     q = torch.randn(T, B, H, head_dim, device=device, dtype=dtype, requires_grad=True)
     # k a permuted view, as fairseq's batch-first caches and gradients are
@@ -103,7 +106,7 @@ def test_fused_matches_reference_forward_and_backward(layout, head_dim, rotary_d
     exp_k = reference(k, table, positions, layout, T + 3)
     exp_grads = torch.autograd.grad((exp_q, exp_k), (q, k), (gq, gk))
 
-    cos_t, sin_t = table.lookup(positions, T + 3, gather=False)
+    cos_t, sin_t, _ = table.tables(T + 3, positions.device)
     got_q, got_k = fused_rotate([q, k], cos_t, sin_t, positions, layout)  # one launch for both
     got_grads = torch.autograd.grad((got_q, got_k), (q, k), (gq, gk))
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
@@ -117,11 +120,11 @@ def test_rotate_dispatches_to_fused_kernel_on_cuda():
     torch.manual_seed(0)
     attn = RotaryMultiheadAttention(64, 4, self_attention=True).cuda()
     x = torch.randn(9, 3, 4, 16, device="cuda", requires_grad=True)
-    assert can_fuse(x)
+    assert x.is_cuda and fused_available()
     positions = torch.arange(9, device="cuda")
-    out = attn.rotate(x, positions, 9)
+    out = rotate(attn, x, positions, 9)
     assert "FusedRotaryFunction" in type(out.grad_fn).__name__
-    torch.testing.assert_close(out, reference(x, attn.rotary_table, positions, attn.rope_layout, 9), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, reference(x, attn.rotary, positions, attn.rotary.layout, 9), rtol=1e-5, atol=1e-5)
 
 
 @needs_fused

@@ -8,13 +8,15 @@ import torch
 
 from conftest import build_model, run_cli
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
-from fairseq_rope.modules.rotary import (
-    SCALINGS,
-    attention_temperature,
-    inverse_frequencies,
-    rotation_angles,
-    scaled_inverse_frequencies,
-)
+from fairseq_rope.modules.rotary import SCALINGS, inverse_frequencies, rope_frequencies, rotation_angles
+
+
+def scaled_inverse_frequencies(rotary_dim, theta, scaling, factor, original_length=0, dtype=None):
+    return rope_frequencies(rotary_dim, theta, scaling, factor, original_length)[0]
+
+
+def attention_temperature(scaling, factor):
+    return rope_frequencies(64, 10000.0, scaling, factor, original_length=256)[1]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)

@@ -14,7 +14,8 @@ from fairseq_rope.modules.rotary import (
     rotary_dim_for,
     rotation_angles,
 )
-from fairseq_rope.modules.rotary_multihead_attention import RotaryTable
+from conftest import table_cos_sin
+from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
 LAYOUTS = ["interleaved", "half"]
 
@@ -22,7 +23,7 @@ LAYOUTS = ["interleaved", "half"]
 def rotate_at(x, positions, rotary_dim, layout, theta=10000.0):
     """Rotate x (..., len(positions), d) by per-row positions through the model's cos/sin table."""
     positions = torch.as_tensor(positions)
-    cos, sin = RotaryTable(rotary_dim, theta).lookup(positions, int(positions.max()) + 1)
+    cos, sin = table_cos_sin(RotaryEmbedding(rotary_dim, theta), positions, int(positions.max()) + 1)
     return apply_rotary(x, cos, sin, layout)
 
 
@@ -102,9 +103,8 @@ def test_matches_block_diagonal_matrix_of_eq_15():
 
 
 def test_table_angles_are_fp64_accurate():
-    table = RotaryTable(64, 10000.0)
     positions = torch.tensor([0, 1, 4095, 8191, 8192, 20000])
-    cos, sin = table.lookup(positions, 20001)
+    cos, sin = table_cos_sin(RotaryEmbedding(64, 10000.0), positions, 20001)
     assert cos.dtype == sin.dtype == torch.float32
     exact = rotation_angles(positions, inverse_frequencies(64, 10000.0, dtype=torch.float64))
     assert torch.allclose(cos.double(), exact.cos(), atol=1e-7)
@@ -137,7 +137,7 @@ def test_in_place_rotation_equals_out_of_place(layout, dtype, rotary_dim, stride
     if strided:  # a time-first view of batch-first heads, as attention sees them
         x = x.permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
     positions = torch.arange(6) + 1000
-    cos, sin = RotaryTable(rotary_dim, 10000.0).lookup(positions, 1006)
+    cos, sin = table_cos_sin(RotaryEmbedding(rotary_dim, 10000.0), positions, 1006)
     cos, sin = cos[:, None, None, :], sin[:, None, None, :]
     expected = apply_rotary(x, cos, sin, layout)
     y = x.clone()

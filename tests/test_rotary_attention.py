@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from conftest import build_model
+from conftest import build_model, rotate, table_cos_sin
 from fairseq_rope.modules import RotaryMultiheadAttention
 from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary, interleaved_to_half_permutation
-from fairseq_rope.modules.rotary_multihead_attention import RotateProjectionsInPlace
+from fairseq_rope.modules.rotary_embedding import RotateInPlace
 
 CROSS = [[], ["--rope-cross-attention"]]
 CROSS_IDS = ["self-only", "cross-too"]
@@ -132,14 +132,13 @@ def test_encoder_is_relative_only():
     x = torch.randn(6, 1, attn.embed_dim)
     with torch.no_grad():
         base, _ = attn(x, x, x, need_weights=False)
-        cos, sin = attn.rotary_table.lookup(torch.arange(6) + 40, 46)
         # the same attention with positions offset by 40: scores depend on m - n only
         q = attn.q_proj(x).view(6, 1, attn.num_heads, attn.head_dim)
         k = attn.k_proj(x).view(6, 1, attn.num_heads, attn.head_dim)
         v = attn.v_proj(x).view(6, 1, attn.num_heads, attn.head_dim).permute(1, 2, 0, 3)
-        q = attn.rotate(q, torch.arange(6) + 40, 46).permute(1, 2, 0, 3)
-        k = attn.rotate(k, torch.arange(6) + 40, 46).permute(1, 2, 0, 3)
-        out, _ = attn.attend(q, k, v, None, None, need_weights=False)
+        q = rotate(attn, q, torch.arange(6) + 40, 46).permute(1, 2, 0, 3)
+        k = rotate(attn, k, torch.arange(6) + 40, 46).permute(1, 2, 0, 3)
+        out, _ = attn._attend(None, q, k, v, None, None, need_weights=False)
         shifted = attn.out_proj(out.permute(2, 0, 1, 3).reshape(6, 1, -1))
     assert torch.allclose(base, shifted, atol=1e-5)
 
@@ -179,13 +178,13 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     proj = torch.nn.Linear(H * D, H * D).double()
     x = torch.randn(T * B, H * D, dtype=torch.double)
     attn = RotaryMultiheadAttention(H * D, H, self_attention=True, rope_layout=layout, rope_fraction=fraction)
-    cos, sin = attn.time_first_cos_sin(torch.arange(T) + 7, T + 7)
-    factor = attn.time_first_factors(torch.arange(T) + 7, T + 7)
-    table_cos, table_sin = attn.rotary_table.lookup(torch.arange(T) + 7, T + 7)
+    factor = attn.rotary.rotations(torch.arange(T) + 7, T + 7)
+    cos, sin = factor.real, factor.imag
+    table_cos, table_sin = table_cos_sin(attn.rotary, torch.arange(T) + 7, T + 7)
     torch.testing.assert_close(factor, torch.complex(table_cos, table_sin).view(T, 1, 1, -1), rtol=0, atol=0)
     upstream = torch.randn(T, B, H, D, dtype=torch.double)
 
-    rotated = RotateProjectionsInPlace.apply(factor, layout, (T, B, H, D), proj(x))
+    rotated = RotateInPlace.apply(factor, layout, (T, B, H, D), slice(None), proj(x))
     (rotated.view(T, B, H, D) * upstream).sum().backward()
     in_place = [p.grad.clone() for p in proj.parameters()]
     proj.zero_grad()
@@ -195,7 +194,7 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     torch.testing.assert_close(rotated.view(T, B, H, D), reference, rtol=0, atol=1e-6)
     for got, want in zip(in_place, [p.grad for p in proj.parameters()]):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    check = lambda y: RotateProjectionsInPlace.apply(factor, layout, (T, B, H, D), y * 1.0)  # noqa: E731
+    check = lambda y: RotateInPlace.apply(factor, layout, (T, B, H, D), slice(None), y * 1.0)  # noqa: E731
     assert torch.autograd.gradcheck(check, (torch.randn(T * B, H * D, dtype=torch.double, requires_grad=True),))
 
 
@@ -230,7 +229,7 @@ def test_interleaved_model_equals_half_model_after_permuting_projection_rows():
     head_dim = embed // heads
     inter = RotaryMultiheadAttention(embed, heads, self_attention=True, rope_layout="interleaved", rope_fraction=0.5)
     half = RotaryMultiheadAttention(embed, heads, self_attention=True, rope_layout="half", rope_fraction=0.5)
-    perm = interleaved_to_half_permutation(head_dim, inter.rotary_dim)
+    perm = interleaved_to_half_permutation(head_dim, inter.rotary.rotary_dim)
     rows = torch.cat([h * head_dim + perm for h in range(heads)])
     state = inter.state_dict()
     for name in ("q_proj", "k_proj"):
@@ -252,16 +251,16 @@ def test_angles_stay_fp32_accurate_in_half_precision_models(dtype):
     model = model.to(dtype)
     attn = model.decoder.layers[0].self_attn
     position = torch.tensor([8189, 8190, 8191, 8192])
-    cos, sin = attn.rotary_table.lookup(position, 8193)
+    cos, sin = table_cos_sin(attn.rotary, position, 8193)
     assert cos.dtype == torch.float32
-    inv_freq = 10000.0 ** (-torch.arange(0, attn.rotary_dim, 2, dtype=torch.float64) / attn.rotary_dim)
+    inv_freq = 10000.0 ** (-torch.arange(0, attn.rotary.rotary_dim, 2, dtype=torch.float64) / attn.rotary.rotary_dim)
     exact = position.double()[:, None] * inv_freq
     got = torch.atan2(sin.double(), cos.double())
     error = torch.remainder(got - exact + math.pi, 2 * math.pi) - math.pi
     assert error.abs().max() < 1e-3
     # the rotation of a half-precision vector is exact up to rounding its result to `dtype`
     x = torch.randn(4, 1, attn.num_heads, attn.head_dim).to(dtype)
-    rotated = attn.rotate(x, position, 8193)
+    rotated = rotate(attn, x, position, 8193)
     assert rotated.dtype == dtype
     reference = torch.view_as_real(
         torch.view_as_complex(x.double().reshape(4, 1, attn.num_heads, -1, 2).contiguous())
@@ -277,12 +276,12 @@ def test_angles_stay_fp32_accurate_in_half_precision_models(dtype):
 
 def test_cos_sin_table_follows_device_and_length():
     attn = RotaryMultiheadAttention(16, 2, self_attention=True)
-    c1, _ = attn.rotary_table.lookup(torch.arange(4), 4)
-    c2, _ = attn.rotary_table.lookup(torch.arange(100), 100)  # grows, never stale
+    c1, _ = table_cos_sin(attn.rotary, torch.arange(4), 4)
+    c2, _ = table_cos_sin(attn.rotary, torch.arange(100), 100)  # grows, never stale
     assert torch.equal(c2[:4], c1)
-    assert attn.rotary_table.lookup(torch.arange(100), 100)[0].shape == (100, attn.head_dim // 2)
+    assert table_cos_sin(attn.rotary, torch.arange(100), 100)[0].shape == (100, attn.head_dim // 2)
     # one table per device: positions on another device get a table there
-    cos_meta, _ = attn.rotary_table.lookup(torch.arange(5, device="meta"), 5)
+    cos_meta, _ = table_cos_sin(attn.rotary, torch.arange(5, device="meta"), 5)
     assert cos_meta.device.type == "meta" and cos_meta.dtype == torch.float32
     assert "rotary" not in " ".join(attn.state_dict())  # no persistent buffers
 
@@ -326,7 +325,7 @@ def test_flags_reach_every_attention():
     attentions = [l.self_attn for l in layers] + [l.encoder_attn for l in model.decoder.layers]
     for attn in attentions:
         assert isinstance(attn, RotaryMultiheadAttention)
-        assert (attn.rope_theta, attn.rotary_dim, attn.rope_layout) == (500.0, 16, "half")
+        assert (attn.rotary.theta, attn.rotary.rotary_dim, attn.rotary.layout) == (500.0, 16, "half")
     plain, _, _ = build_model("transformer_rope_tiny")
     assert not isinstance(plain.decoder.layers[0].encoder_attn, RotaryMultiheadAttention)
 

@@ -15,7 +15,7 @@ from fairseq_rope.modules import (
 )
 from fairseq_rope.modules.linear_rotary_attention import causal_linear_attention, feature_map, linear_attention
 from fairseq_rope.modules.relative_position_attention import relative_position_index
-from fairseq_rope.modules.rotary_multihead_attention import RotaryTable
+from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
 VARIANTS = {
     "rope": ("transformer_rope_tiny", []),
@@ -119,8 +119,8 @@ def _shift_positions(monkeypatch, cls, change):
 
     monkeypatch.setattr(cls, "self_attention_positions", shifted)
     # the rotary tables are sized by the unshifted length: make room for the shifted positions
-    tables = RotaryTable.tables
-    monkeypatch.setattr(RotaryTable, "tables", lambda self, max_position, device: tables(self, max_position + 256, device))
+    tables = RotaryEmbedding.tables
+    monkeypatch.setattr(RotaryEmbedding, "tables", lambda self, length, device: tables(self, length + 256, device))
 
 
 @pytest.mark.parametrize("name", RELATIVE)

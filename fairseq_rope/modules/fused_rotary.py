@@ -12,7 +12,7 @@ a copy of the activations.
   reference.
 
 Triton is imported lazily, the first time a CUDA tensor asks for it; without CUDA or Triton,
-:func:`fused_available` is False and callers use the reference path.
+:func:`fused_available` is False and ``RotaryEmbedding.rotate`` uses another backend.
 """
 
 from typing import Sequence, Tuple
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .rotary import LAYOUTS
+from .rotary import check_layout, next_power_of_two
 
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
 
@@ -105,10 +105,6 @@ def fused_available() -> bool:
     return _KERNEL is not False
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
             layout: str, sign: float) -> Tuple[Tensor, ...]:
     """One launch for one tensor or for two of the same shape and dtype (q and k)."""
@@ -141,9 +137,9 @@ def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, position
             SIGN=sign,
             HALF=half,
             INTERLEAVED=layout == "interleaved",
-            BLOCK_H=_next_pow2(H),
-            BLOCK_HALF=_next_pow2(half),
-            BLOCK_REST=_next_pow2(rest) if rest > 0 else 0,
+            BLOCK_H=next_power_of_two(H),
+            BLOCK_HALF=next_power_of_two(half),
+            BLOCK_REST=next_power_of_two(rest) if rest > 0 else 0,
         )
     return tuple(outs)
 
@@ -168,17 +164,11 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
                  layout: str = "interleaved"):
     """Rotate time-first tensors ``xs`` (each (T, B, H, D)) by ``positions`` ((T,) or (B, T)),
     reading fp32 ``cos_table``/``sin_table`` ((L, rotary_dim // 2), L > max position)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"--rope-layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     if not fused_available():
         raise RuntimeError("fused rotary needs CUDA and Triton")
     positions = positions.to(device=xs[0].device, dtype=torch.long)
-    out = FusedRotaryFunction.apply(cos_table, sin_table, positions, layout, *xs)
-    return out
+    return FusedRotaryFunction.apply(cos_table, sin_table, positions, layout, *xs)
 
 
-def can_fuse(x: Tensor) -> bool:
-    return x.is_cuda and x.dim() == 4 and fused_available()
-
-
-__all__ = ["fused_available", "fused_rotate", "can_fuse"]
+__all__ = ["fused_available", "fused_rotate"]

@@ -13,16 +13,17 @@ feature map and only in the numerator; the denominator stays unrotated so it rem
   fairseq's ``reorder_incremental_state`` (``index_select`` on dim 0) reorders beams.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import QUERY_STEPS
+from .position_scheme import AttentionCall
 from .rotary_multihead_attention import RotaryMultiheadAttention
 
 EPS = 1e-6
-STEPS = "linear_rope_steps"  # shape (batch, steps, 0): counts decoded positions, holds no data
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -82,7 +83,8 @@ def causal_linear_attention(
 class LinearRotaryAttention(RotaryMultiheadAttention):
     """Self-attention of eq. (19): linear attention with RoPE (``--attention-kind linear``).
 
-    Same parameters and state-dict keys as fairseq's ``MultiheadAttention``. ``causal=True``
+    Same parameters and state-dict keys as fairseq's ``MultiheadAttention``; the projections and
+    positions come from the shared pipeline, only the attention step differs. ``causal=True``
     for the decoder; there the future mask fairseq passes is implied by the prefix sums.
     Attention dropout does not apply (there are no attention probabilities).
     """
@@ -98,54 +100,28 @@ class LinearRotaryAttention(RotaryMultiheadAttention):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", linear=True, causal={self.causal}"
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        if before_softmax:
-            raise NotImplementedError("before_softmax is not supported by linear attention")
-        tgt_len, bsz, embed_dim = query.size()
-        heads, head_dim = self.num_heads, self.head_dim
-        shape = (tgt_len, bsz, heads, head_dim)
-        fq = feature_map(self.q_proj(query).view(shape))
-        fk = feature_map(self.k_proj(query).view(shape))
-        v = self.v_proj(query).view(shape).float()
-        if key_padding_mask is not None and key_padding_mask.dim() == 2:
+    def _compute_attention(self, call: AttentionCall, attn_mask: Optional[Tensor], need_weights: bool):
+        call.split_projections()
+        shape = (call.tgt_len, call.bsz, self.num_heads, self.head_dim)
+        fq, fk = feature_map(call.q.view(shape)), feature_map(call.k.view(shape))
+        v = call.v.view(shape).float()
+        if call.key_padding_mask is not None and call.key_padding_mask.dim() == 2:
             # pads contribute nothing to either sum
-            fk = fk.masked_fill(key_padding_mask.bool().t()[:, :, None, None], 0.0)
-
-        saved_state = None
-        offset = 0
-        if incremental_state is not None:
-            if not self.causal:
-                raise ValueError("incremental linear attention must be causal")
-            saved_state = self._get_input_buffer(incremental_state)
-            if STEPS in saved_state:
-                offset = saved_state[STEPS].size(1)
-        positions = self.self_attention_positions(offset, tgt_len, query.device)
-        rq, rk = self.rotate_together([fq, fk], positions, offset + tgt_len)  # after phi (eq. 19)
+            fk = fk.masked_fill(call.key_padding_mask.bool().t()[:, :, None, None], 0.0)
+        state = call.saved_state
+        if state is not None and not self.causal:
+            raise ValueError("incremental linear attention must be causal")
+        # rotation after phi (eq. 19); the unrotated features stay for the denominator
+        rq, rk = self.rotary.rotate([fq, fk], call.query_positions, call.offset + call.tgt_len, shape)
 
         rq, rk, fq, fk, v = (t.permute(1, 2, 0, 3) for t in (rq, rk, fq, fk, v))
         if self.causal:
-            prev_kv = saved_state.get("prev_sum_kv") if saved_state else None
-            prev_k = saved_state.get("prev_sum_k") if saved_state else None
+            prev_kv = state.get("prev_sum_kv") if state else None
+            prev_k = state.get("prev_sum_k") if state else None
             out, kv, k_sum = causal_linear_attention(rq, rk, fq, fk, v, prev_kv, prev_k)
-            if saved_state is not None:
-                saved_state["prev_sum_kv"] = kv
-                saved_state["prev_sum_k"] = k_sum
-                saved_state[STEPS] = kv.new_empty(bsz, offset + tgt_len, 0)
-                self._set_input_buffer(incremental_state, saved_state)
+            if state is not None:
+                state["prev_sum_kv"], state["prev_sum_k"] = kv, k_sum
+                state[QUERY_STEPS] = kv.new_empty(call.bsz, call.offset + call.tgt_len, 0)
         else:
             out = linear_attention(rq, rk, fq, fk, v)
-
-        out = out.to(query.dtype).permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
-        return self.out_proj(out), None
+        return out.to(call.q.dtype).permute(2, 0, 1, 3), None

@@ -21,7 +21,7 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 from torch import Tensor
@@ -31,13 +31,16 @@ from ..model_options import OptionError
 LAYOUTS = ("interleaved", "half")
 
 
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise OptionError(f"--rope-layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+
+
 def rotary_dim_for(head_dim: int, fraction: float) -> int:
     """Number of channels of each head that rotate; must be a positive even integer."""
     rotary = head_dim * fraction
     if not (0.0 < fraction <= 1.0):
-        raise OptionError(
-            f"--rope-fraction must be in (0, 1], got {fraction}"
-        )
+        raise OptionError(f"--rope-fraction must be in (0, 1], got {fraction}")
     if abs(rotary - round(rotary)) > 1e-6 or int(round(rotary)) % 2 != 0 or round(rotary) == 0:
         raise OptionError(
             f"--rope-fraction {fraction} rotates {rotary:g} of the {head_dim} dimensions of each "
@@ -53,21 +56,64 @@ def inverse_frequencies(rotary_dim: int, theta: float, dtype=torch.float32) -> T
     return (theta ** -exponents).to(dtype)
 
 
-SCALINGS = ("none", "linear", "ntk", "yarn")
+# --rope-scaling: frequencies for inputs ``scaling_factor`` (s) times longer than in training.
+# Each entry maps (rotary_dim, theta, s, training length L) to fp64 theta_i and the multiplier of
+# the attention logits; with s == 1 every entry returns the unscaled frequencies and 1.
 
 
-def check_scaling(scaling: str, factor: float, original_length: int = 0) -> None:
-    if scaling not in SCALINGS:
+def _unscaled(rotary_dim, theta, s, length):
+    return inverse_frequencies(rotary_dim, theta, torch.float64), 1.0
+
+
+def _linear(rotary_dim, theta, s, length):
+    """Position interpolation: angle (m / s) theta_i."""
+    return inverse_frequencies(rotary_dim, theta, torch.float64) / s, 1.0
+
+
+def _ntk(rotary_dim, theta, s, length):
+    """"NTK-aware": base -> base * s^(d / (d - 2)); the lowest frequency is interpolated by
+    exactly s, the highest unchanged."""
+    if rotary_dim > 2:
+        theta = theta * s ** (rotary_dim / (rotary_dim - 2))
+    return inverse_frequencies(rotary_dim, theta, torch.float64), 1.0
+
+
+def _yarn(rotary_dim, theta, s, length):
+    """YaRN (Peng et al. 2023, arXiv:2309.00071, "NTK-by-parts"): with wavelength
+    lambda_i = 2 pi / theta_i and r_i = L / lambda_i, dimensions with r_i < 1 are interpolated
+    (theta_i / s), those with r_i > 32 kept, a linear ramp between; logits are multiplied by
+    1/t with sqrt(1/t) = 0.1 ln(s) + 1."""
+    alpha, beta = 1.0, 32.0
+    inv_freq = inverse_frequencies(rotary_dim, theta, torch.float64)
+    ratio = length * inv_freq / (2 * math.pi)  # r_i = L / lambda_i
+    keep = ((ratio - alpha) / (beta - alpha)).clamp(0.0, 1.0)  # gamma(r_i)
+    logit_scale = (0.1 * math.log(s) + 1.0) ** 2 if s > 1.0 else 1.0
+    return (1.0 - keep) * inv_freq / s + keep * inv_freq, logit_scale
+
+
+ROPE_SCALINGS: Dict[str, Callable[[int, float, float, int], Tuple[Tensor, float]]] = {
+    "none": _unscaled,
+    "linear": _linear,
+    "ntk": _ntk,
+    "yarn": _yarn,
+}
+SCALINGS = tuple(ROPE_SCALINGS)
+
+
+def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0) -> None:
+    if scaling not in ROPE_SCALINGS:
         raise OptionError(f"--rope-scaling must be one of {', '.join(SCALINGS)}; got {scaling!r}")
-    if not (math.isfinite(factor) and factor >= 1.0):
-        raise OptionError(f"--rope-scaling-factor must be a finite number >= 1, got {factor}")
-    if scaling == "none" and factor != 1.0:
+    if not (math.isfinite(scaling_factor) and scaling_factor >= 1.0):
+        raise OptionError(f"--rope-scaling-factor must be a finite number >= 1, got {scaling_factor}")
+    if scaling == "none" and scaling_factor != 1.0:
         raise OptionError(
-            f"--rope-scaling-factor {factor:g} has no effect with --rope-scaling none: "
+            f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling none: "
             "choose --rope-scaling linear, ntk or yarn, or drop the factor"
         )
     if int(original_length) != original_length or original_length < 0:
-        raise OptionError(f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}")
+        raise OptionError(
+            f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}"
+        )
     if scaling == "yarn" and not original_length > 0:
         raise OptionError(
             "--rope-scaling yarn needs --rope-scaling-original-length (the longest sequence, "
@@ -75,44 +121,17 @@ def check_scaling(scaling: str, factor: float, original_length: int = 0) -> None
         )
 
 
-def scaled_inverse_frequencies(
+def rope_frequencies(
     rotary_dim: int,
     theta: float,
     scaling: str = "none",
-    factor: float = 1.0,
+    scaling_factor: float = 1.0,
     original_length: int = 0,
-    dtype=torch.float32,
-) -> Tensor:
-    """theta_i of eq. (15), modified to run a model on ``factor`` x longer inputs than trained.
-
-    * ``linear`` (position interpolation): angle (m / s) theta_i, i.e. theta_i / s;
-    * ``ntk`` ("NTK-aware"): base -> base * s^(d / (d - 2)), so the lowest frequency is
-      interpolated by exactly s while the highest is unchanged;
-    * ``yarn`` (Peng et al. 2023, arXiv:2309.00071, "NTK-by-parts"): with wavelength
-      lambda_i = 2 pi / theta_i and r_i = L / lambda_i for training length L, dimensions with
-      r_i < 1 are interpolated (theta_i / s), those with r_i > 32 kept, a linear ramp between.
-
-    With ``factor == 1`` every scaling returns the unscaled frequencies.
-    """
-    check_scaling(scaling, factor, original_length)
-    if scaling == "ntk":
-        theta = theta * factor ** (rotary_dim / (rotary_dim - 2)) if rotary_dim > 2 else theta
-    inv_freq = inverse_frequencies(rotary_dim, theta, dtype=torch.float64)
-    if scaling == "linear":
-        inv_freq = inv_freq / factor
-    elif scaling == "yarn":
-        alpha, beta = 1.0, 32.0
-        ratio = original_length * inv_freq / (2 * math.pi)  # r_i = L / lambda_i
-        keep = ((ratio - alpha) / (beta - alpha)).clamp(0.0, 1.0)  # gamma(r_i)
-        inv_freq = (1.0 - keep) * inv_freq / factor + keep * inv_freq
-    return inv_freq.to(dtype)
-
-
-def attention_temperature(scaling: str, factor: float) -> float:
-    """Multiplier of the attention logits: YaRN's 1/t with sqrt(1/t) = 0.1 ln(s) + 1; else 1."""
-    if scaling != "yarn" or factor <= 1.0:
-        return 1.0
-    return (0.1 * math.log(factor) + 1.0) ** 2
+) -> Tuple[Tensor, float]:
+    """theta_i of eq. (15) in fp64, scaled by ``--rope-scaling`` (see :data:`ROPE_SCALINGS`), and
+    the multiplier of the attention logits that goes with them."""
+    check_scaling(scaling, scaling_factor, original_length)
+    return ROPE_SCALINGS[scaling](rotary_dim, theta, float(scaling_factor), int(original_length))
 
 
 def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -122,12 +141,8 @@ def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     return positions.to(dtype).unsqueeze(-1) * inv_freq.to(dtype)
 
 
-def cos_sin(angles: Tensor) -> Tuple[Tensor, Tensor]:
-    return torch.cos(angles), torch.sin(angles)
-
-
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
-    """R^d_{Theta,m} x (eq. 34) on the first ``2 * cos.size(-1)`` channels of ``x``.
+    """R^d_{Theta,m} x (eq. 34) on the first ``2 * cos.size(-1)`` channels of ``x``: the reference.
 
     ``cos``/``sin`` (fp32) broadcast against ``x[..., :rotary_dim // 2]``. The rotation is done
     in fp32 (fp64 for fp64 input) and the result cast back to ``x.dtype``, so half-precision
@@ -142,40 +157,39 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
         pairs = x_rot.reshape(*x_rot.shape[:-1], half, 2)
         if not _complex_viewable(pairs):
             pairs = pairs.contiguous()
-        pairs = torch.view_as_complex(pairs)
-        rotated = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
-    elif layout == "half":
+        rotated = torch.view_as_real(torch.view_as_complex(pairs) * torch.complex(cos, sin)).flatten(-2)
+    else:
+        check_layout(layout)
         x1, x2 = x_rot[..., :half], x_rot[..., half:]
         rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        raise ValueError(f"--rope-layout must be one of {LAYOUTS}, got {layout!r}")
     rotated = rotated.to(x.dtype)
     if rotary_dim == x.size(-1):
         return rotated
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
-def apply_rotary_(x: Tensor, factor: Tensor, layout: str = "interleaved") -> Tensor:
+def apply_rotary_(x: Tensor, rotations: Tensor, layout: str = "interleaved") -> Tensor:
     """:func:`apply_rotary` written into ``x`` itself, which is returned.
 
-    ``factor`` is e^{i m theta} = cos + i sin as complex numbers (eq. 12), broadcasting against
-    ``x[..., :rotary_dim // 2]``. fp32/fp64 interleaved pairs are multiplied by it in place, so no
-    new activation-sized tensor is made; other dtypes and layouts rotate in fp32 and copy back.
+    ``rotations`` are the unit complex numbers e^{i m theta} = cos + i sin (eq. 12), broadcasting
+    against ``x[..., :rotary_dim // 2]``. fp32/fp64 interleaved pairs are multiplied by them in
+    place, so no new activation-sized tensor is made; other dtypes and layouts rotate in fp32 and
+    copy back.
     """
-    rotary_dim = 2 * factor.size(-1)
+    rotary_dim = 2 * rotations.size(-1)
     x_rot = x if rotary_dim == x.size(-1) else x[..., :rotary_dim]
     in_place = (
         layout == "interleaved"
         and x_rot.stride(-1) == 1
-        # the product must fit x's own precision: fp64 takes any factor, fp32 a complex64 one
-        and (x.dtype == torch.float64 or (x.dtype == torch.float32 and factor.dtype == torch.complex64))
+        # the product must fit x's own precision: fp64 takes any rotation, fp32 a complex64 one
+        and (x.dtype == torch.float64 or (x.dtype == torch.float32 and rotations.dtype == torch.complex64))
     )
     if in_place:
         pairs = x_rot.view(x_rot.shape[:-1] + (-1, 2))
         if _complex_viewable(pairs):
-            torch.view_as_complex(pairs).mul_(factor)
+            torch.view_as_complex(pairs).mul_(rotations)
             return x
-    x_rot.copy_(apply_rotary(x_rot, factor.real, factor.imag, layout))
+    x_rot.copy_(apply_rotary(x_rot, rotations.real, rotations.imag, layout))
     return x
 
 
@@ -206,45 +220,14 @@ def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
 
     fairseq left-pads sources: counting only real tokens gives a padded sentence exactly the
     positions it has when it stands alone. Needed where a query and a key come from different
-    sequences (rotary cross-attention); within one sequence see :func:`new_token_positions`.
+    sequences (rotary cross-attention); within one sequence, counting from the first column of
+    the batch is exact, since padding shifts every position by the same amount and scores
+    depend on n - m only (eq. 16).
     """
     not_pad = (~key_padding_mask.bool()).long()
     return (torch.cumsum(not_pad, dim=1) - 1).clamp_(min=0)
 
 
-def new_token_positions(offset: int, length: int, device) -> Tensor:
-    """Positions (time,) of the ``length`` new tokens of a self-attention call, shared by the
-    batch: offset .. offset + length - 1, ``offset`` being the tokens already cached.
-
-    Counting from the first column even with left padding is exact: padding shifts every
-    position of a sentence by the same amount, and scores depend on n - m only (eq. 16).
-    """
-    return torch.arange(offset, offset + length, device=device)
-
-
-def relative_upper_bound(relative_distance: Tensor, rotary_dim: int, theta: float = 10000.0) -> Tensor:
-    """(1/(d/2)) sum_{j=1}^{d/2} |S_j| with S_j = sum_{k<j} e^{i (m-n) theta_k}: the long-term
-    decay bound of Section 3.4.3 (eqs. 35-37, Fig. 2), as a function of the relative distance."""
-    inv_freq = inverse_frequencies(rotary_dim, theta).double()
-    phases = relative_distance.double().unsqueeze(-1) * inv_freq
-    partial_sums = torch.cumsum(torch.polar(torch.ones_like(phases), phases), dim=-1)
-    return partial_sums.abs().mean(dim=-1)
-
-
-__all__ = [
-    "LAYOUTS",
-    "rotary_dim_for",
-    "inverse_frequencies",
-    "rotation_angles",
-    "cos_sin",
-    "apply_rotary",
-    "apply_rotary_",
-    "interleaved_to_half_permutation",
-    "positions_from_padding_mask",
-    "new_token_positions",
-    "relative_upper_bound",
-    "SCALINGS",
-    "check_scaling",
-    "scaled_inverse_frequencies",
-    "attention_temperature",
-]
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()

@@ -1,0 +1,162 @@
+"""The rotation of one model: its frequencies, its cos/sin tables, and the one ``rotate`` call
+that every attention uses.
+
+:meth:`RotaryEmbedding.rotate` picks the backend itself:
+
+* CUDA with Triton: one fused kernel launch for q and k together (``fused_rotary``);
+* tensors the caller gives up (``overwrite=True``, fresh projection outputs): rotated in place,
+  the backward pass rotating the gradient in place by -m, so RoPE allocates what the stock
+  attention allocates;
+* anything else: the reference :func:`~.rotary.apply_rotary`.
+"""
+
+from functools import lru_cache
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .fused_rotary import fused_available, fused_rotate
+from .rotary import apply_rotary, apply_rotary_, check_layout, next_power_of_two, rope_frequencies, rotation_angles
+
+
+class RotaryEmbedding:
+    """RoPE of ``rotary_dim`` channels per head: theta_i (eq. 15, scaled by ``--rope-scaling``),
+    fp32 tables of cos, sin and e^{i m theta_i} per device, grown on demand.
+
+    A plain object rather than a module with buffers: it stays out of the state dict and is never
+    cast by ``model.half()``; keying the tables by device means ``model.to(device)`` cannot leave
+    a stale one behind. A model's layers share one (see :func:`shared_rotary_embedding`).
+    """
+
+    def __init__(
+        self,
+        rotary_dim: int,
+        theta: float = 10000.0,
+        layout: str = "interleaved",
+        scaling: str = "none",
+        scaling_factor: float = 1.0,
+        original_length: int = 0,
+    ):
+        check_layout(layout)
+        self.rotary_dim, self.theta, self.layout = rotary_dim, float(theta), layout
+        self.scaling, self.scaling_factor = scaling, float(scaling_factor)
+        self.original_length = int(original_length)
+        self.inv_freq, self.logit_scale = rope_frequencies(
+            rotary_dim, self.theta, scaling, self.scaling_factor, self.original_length
+        )
+        self._tables: Dict[torch.device, Tuple[Tensor, Tensor, Tensor]] = {}
+
+    def __repr__(self) -> str:
+        scaling = f", scaling={self.scaling}x{self.scaling_factor:g}" if self.scaling != "none" else ""
+        return f"rotary_dim={self.rotary_dim}, theta={self.theta:g}, layout={self.layout}{scaling}"
+
+    def clear_cache(self) -> None:
+        self._tables.clear()
+
+    def tables(self, length: int, device) -> Tuple[Tensor, Tensor, Tensor]:
+        """cos, sin (fp32) and e^{i m theta_i} (complex64, eq. 12) for m < at least ``length``.
+        Angles are computed in fp64 on the CPU: exact for any realistic m."""
+        tables = self._tables.get(device)
+        if tables is None or tables[0].size(0) < length:
+            angles = rotation_angles(torch.arange(next_power_of_two(max(length, 2))), self.inv_freq)
+            cos = torch.cos(angles).to(device=device, dtype=torch.float32)
+            sin = torch.sin(angles).to(device=device, dtype=torch.float32)
+            tables = (cos, sin, torch.complex(cos, sin))
+            self._tables[device] = tables
+        return tables
+
+    def rotations(self, positions: Tensor, length: int) -> Tensor:
+        """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
+        time) per sentence, all < ``length`` -- shaped to broadcast against time-first
+        (time, batch, heads, rotary_dim / 2) pairs."""
+        table = self.tables(length, positions.device)[2]
+        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
+            return table[positions].view(positions.size(0), 1, 1, -1)
+        return table[positions.t()].unsqueeze(2)  # gathered time-first: (T, B, 1, r/2)
+
+    def rotate(
+        self,
+        xs: Sequence[Tensor],
+        positions: Tensor,
+        length: int,
+        heads_shape: Tuple[int, int, int, int],
+        *,
+        inverse: bool = False,
+        overwrite: bool = False,
+        rotated_heads: Optional[int] = None,
+    ) -> List[Tensor]:
+        """R_m x (eq. 14), or R_{-m} x with ``inverse``, for each of ``xs`` seen as time-first
+        ``heads_shape`` (time, batch, heads, head_dim), at ``positions`` ((time,) or (batch, time),
+        all < ``length``). Returns tensors shaped like ``xs``.
+
+        ``overwrite=True``: the caller gives ``xs`` up (projection outputs, not views, that
+        nothing else reads), so they may be rotated in place. ``rotated_heads``: rotate only the
+        first heads (q and k of a fused q/k/v projection), leave the others as they are.
+        """
+        heads = slice(None, rotated_heads)
+        if xs[0].is_cuda and not inverse and fused_available():
+            cos, sin, _ = self.tables(length, positions.device)
+            views = [x.view(heads_shape) for x in xs]
+            rotated = fused_rotate([v[:, :, heads] for v in views], cos, sin, positions, self.layout)
+            rotated = [rotated] if len(xs) == 1 else rotated
+            if rotated_heads is not None:
+                rotated = [torch.cat((r, v[:, :, rotated_heads:]), dim=2) for r, v in zip(rotated, views)]
+            return [r.view(x.shape) for r, x in zip(rotated, xs)]
+        rotations = self.rotations(positions, length)
+        if inverse:
+            rotations = torch.conj_physical(rotations)
+        if not overwrite:
+            assert rotated_heads is None, "rotated_heads needs overwrite=True"
+            return [
+                apply_rotary(x.view(heads_shape), rotations.real, rotations.imag, self.layout).view(x.shape)
+                for x in xs
+            ]
+        if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+            rotated = RotateInPlace.apply(rotations, self.layout, heads_shape, heads, *xs)
+            return list(rotated) if len(xs) > 1 else [rotated]
+        for x in xs:
+            apply_rotary_(x.view(heads_shape)[:, :, heads], rotations, self.layout)
+        return list(xs)
+
+
+class RotateInPlace(torch.autograd.Function):
+    """R_m written into tensors nothing else reads; backward rotates the incoming gradient in place
+    by -m (R_m^T = R_{-m}).
+
+    Each input is a linear layer's output -- not a view, so autograd needs no copy to track the
+    in-place change -- whose ``heads`` of ``heads_shape`` rotate by the complex ``rotations``. A projection
+    output is not kept for backward, and the rotated tensors and their gradients live only inside
+    one attention call: no activation-sized tensor is made in either direction.
+    """
+
+    @staticmethod
+    def forward(ctx, rotations: Tensor, layout: str, heads_shape: Tuple[int, ...], heads: slice, *xs: Tensor):
+        for x in xs:
+            apply_rotary_(x.view(heads_shape)[:, :, heads], rotations, layout)
+        ctx.mark_dirty(*xs)
+        ctx.save_for_backward(rotations)
+        ctx.layout, ctx.heads_shape, ctx.heads = layout, heads_shape, heads
+        return xs if len(xs) > 1 else xs[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Tensor):
+        (rotations,) = ctx.saved_tensors
+        inverse = torch.conj_physical(rotations)  # e^{-i m theta}
+        rotated = []
+        for grad in grads:
+            grad = grad.contiguous()  # a no-op for the dense gradients attention produces
+            apply_rotary_(grad.view(ctx.heads_shape)[:, :, ctx.heads], inverse, ctx.layout)
+            rotated.append(grad)
+        return (None, None, None, None, *rotated)
+
+
+@lru_cache(maxsize=None)
+def shared_rotary_embedding(
+    rotary_dim: int, theta: float, layout: str, scaling: str, scaling_factor: float, original_length: int
+) -> RotaryEmbedding:
+    """One :class:`RotaryEmbedding` for every layer (and model) with the same settings: the same
+    numbers, one set of tables."""
+    return RotaryEmbedding(rotary_dim, theta, layout, scaling, scaling_factor, original_length)

@@ -1,0 +1,139 @@
+"""With every rotation angle zero, the rotary attention is fairseq's own ``MultiheadAttention``.
+
+R_0 is the identity (eq. 15 with m theta_i = 0), so whatever the rotary attention does besides
+rotating -- projection, head reshape, left padding, causal masks, the incremental cache and its
+beam reorder, beam-shared encoder keys, attention weights -- must give fairseq's numbers exactly,
+with the same weights.
+"""
+
+import pytest
+import torch
+from fairseq.modules import MultiheadAttention
+
+from fairseq_rope.modules import RotaryMultiheadAttention
+
+E, H = 32, 4
+
+
+def zero_angles(attn):
+    """Make every m * theta_i zero: the rotation becomes the identity."""
+    attn.rotary.inv_freq = torch.zeros_like(attn.rotary.inv_freq)
+    attn.rotary.clear_cache()
+
+
+def pair(weights, **kwargs):
+    torch.manual_seed(0)
+    stock = MultiheadAttention(E, H, dropout=0.0, **kwargs).eval()
+    if weights.get("need_head_weights"):
+        # fairseq's fused full-sequence path returns head-averaged weights even when asked for
+        # each head's; its general path (the one incremental decoding takes) honours the request
+        stock._set_skip_embed_dim_check()
+    rotary = RotaryMultiheadAttention(E, H, dropout=0.0, **kwargs).eval()
+    rotary.load_state_dict(stock.state_dict())
+    zero_angles(rotary)
+    return stock, rotary
+
+
+def assert_same(stock_out, rotary_out):
+    (a, wa), (b, wb) = stock_out, rotary_out
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    if wa is None:
+        assert wb is None
+    else:
+        torch.testing.assert_close(wb, wa, rtol=1e-5, atol=1e-6)
+
+
+def left_padding_mask(lengths, T):
+    return torch.stack([torch.arange(T) < T - n for n in lengths])
+
+
+def future_mask(T):
+    return torch.triu(torch.full((T, T), float("-inf")), 1)
+
+
+WEIGHTS = [dict(need_weights=False), dict(need_weights=True), dict(need_weights=True, need_head_weights=True)]
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_encoder_self_attention_with_left_padding(weights):
+    stock, rotary = pair(weights, self_attention=True)
+    T, B = 7, 3
+    x = torch.randn(T, B, E)
+    mask = left_padding_mask([7, 4, 2], T)
+    args = dict(key_padding_mask=mask, **weights)
+    out_stock = stock(x, x, x, **args)
+    out_rotary = rotary(x, x, x, **args)
+    # pad queries attend like real ones in both; compare every position
+    assert_same(out_stock, out_rotary)
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_causal_decoder_self_attention(weights):
+    stock, rotary = pair(weights, self_attention=True)
+    T, B = 6, 2
+    x = torch.randn(T, B, E)
+    args = dict(attn_mask=future_mask(T), **weights)
+    assert_same(stock(x, x, x, **args), rotary(x, x, x, **args))
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_incremental_steps_with_beam_reorder(weights):
+    stock, rotary = pair(weights, self_attention=True)
+    steps, B = 5, 4
+    xs = torch.randn(steps, 1, B, E).unbind(0)
+    states = {}, {}
+    for step, x in enumerate(xs):
+        outs = [attn(x, x, x, incremental_state=state, **weights) for attn, state in zip((stock, rotary), states)]
+        assert_same(*outs)
+        if step == 2:  # beam search keeps hypotheses 3, 3, 0, 1
+            order = torch.tensor([3, 3, 0, 1])
+            for attn, state in zip((stock, rotary), states):
+                attn.reorder_incremental_state(state, order)
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_encoder_decoder_attention_with_shared_beams(weights):
+    stock, rotary = pair(weights, encoder_decoder_attention=True, kdim=24, vdim=24)
+    beam, sentences, S = 3, 2, 5
+    for attn in (stock, rotary):
+        attn.set_beam_size(beam)
+    encoder_out = torch.randn(S, sentences, 24).repeat_interleave(beam, dim=1)
+    mask = left_padding_mask([5, 3], S).repeat_interleave(beam, dim=0)
+    states = {}, {}
+    for step in range(3):
+        y = torch.randn(1, sentences * beam, E)
+        outs = [
+            attn(y, encoder_out, encoder_out, key_padding_mask=mask, incremental_state=state,
+                 static_kv=True, **weights)
+            for attn, state in zip((stock, rotary), states)
+        ]
+        assert_same(*outs)
+        if step == 1:
+            order = torch.tensor([2, 0, 0, 4, 5, 3])  # within each sentence's beams
+            for attn, state in zip((stock, rotary), states):
+                attn.reorder_incremental_state(state, order)
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_encoder_decoder_attention_full_forward(weights):
+    stock, rotary = pair(weights, encoder_decoder_attention=True, kdim=24, vdim=24)
+    T, S, B = 4, 6, 2
+    y, encoder_out = torch.randn(T, B, E), torch.randn(S, B, 24)
+    mask = left_padding_mask([6, 2], S)
+    args = dict(key_padding_mask=mask, static_kv=True, **weights)
+    assert_same(stock(y, encoder_out, encoder_out, **args), rotary(y, encoder_out, encoder_out, **args))
+
+
+def test_quant_noise_projections_and_weight_updates():
+    """With quant-noise the projections stay separate modules (its hooks must run); and the
+    fused q/k/v weights kept between inference calls follow an in-place weight update."""
+    stock, rotary = pair({}, self_attention=True, q_noise=0.1, qn_block_size=8)
+    x = torch.randn(5, 2, E)
+    assert_same(stock(x, x, x), rotary(x, x, x))
+    stock, rotary = pair({}, self_attention=True)
+    with torch.no_grad():
+        assert_same(stock(x, x, x), rotary(x, x, x))
+        for attn in (stock, rotary):
+            attn.k_proj.weight.mul_(0.5)  # as an optimizer step would, in place
+            attn.v_proj.bias.add_(1.0)
+        assert_same(stock(x, x, x), rotary(x, x, x))
