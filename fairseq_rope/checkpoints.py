@@ -6,7 +6,9 @@ kill during that copy leaves a truncated ``checkpoint_last.pt`` that the next ru
 Importing the plugin (:func:`make_fairseq_checkpoints_safe`) makes every checkpoint write
 atomic (hidden temporary file in the same directory, fsync, rename, fsync of the directory),
 lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
-checkpoint, and refuses ``--model-overrides`` that would change a trained model.
+checkpoint, refuses ``--model-overrides`` that would change a trained model, and records in the
+saved model configuration the longest sequence the model was trained on (``rope_trained_length``,
+the L of dynamic ``--rope-scaling``).
 """
 
 import copy
@@ -23,7 +25,9 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .model_options import INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config
+from .model_options import (
+    INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config, record_trained_length, trained_length,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +198,17 @@ def _overrides_checked(load_checkpoint_to_cpu):
     return load_checkpoint_to_cpu_checked
 
 
+def _records_trained_length(state_dict):
+    def state_dict_with_trained_length(trainer):
+        # the widest batch this run has trained on (a resumed run counts again from its restart)
+        seen = getattr(trainer.get_model(), "trained_length", 0)
+        if seen > trained_length(trainer.cfg.model):
+            record_trained_length(trainer.cfg.model, seen)
+        return state_dict(trainer)
+
+    return state_dict_with_trained_length
+
+
 def make_fairseq_checkpoints_safe() -> None:
     if getattr(checkpoint_utils, "checkpoints_made_safe", False):
         return
@@ -201,4 +216,7 @@ def make_fairseq_checkpoints_safe() -> None:
     checkpoint_utils.PathManager = _AtomicCopyPathManager
     checkpoint_utils.load_checkpoint = _resume_falls_back(checkpoint_utils.load_checkpoint)
     checkpoint_utils.load_checkpoint_to_cpu = _overrides_checked(checkpoint_utils.load_checkpoint_to_cpu)
+    from fairseq.trainer import Trainer
+
+    Trainer.state_dict = _records_trained_length(Trainer.state_dict)
     checkpoint_utils.checkpoints_made_safe = True

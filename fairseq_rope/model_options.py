@@ -5,6 +5,10 @@
   the weights were learned for those values.
 * Inference options (``rope_scaling*``) choose how a trained model runs on longer inputs and may
   change at generate time.
+* Recorded information (``rope_trained_length``, the longest source or target sequence seen in
+  training) is written by training into the checkpoint, never given on the command line; an
+  override may restate it only (``--rope-scaling-original-length`` sets L at inference instead).
+  It does not change what the weights compute: averaged checkpoints keep the largest.
 * A bad value is an :class:`OptionError`. fairseq's argument parser meets it when it applies the
   architecture defaults, i.e. before any data is read; a fairseq command that does not catch it
   prints it as one line and exits with 2, as argparse does.
@@ -27,11 +31,12 @@ ROPE_INFERENCE_DEFAULTS = {
     "rope_scaling_factor": 1.0,
     "rope_scaling_original_length": 0,
 }
+ROPE_RECORDED_DEFAULTS = {"rope_trained_length": 0}
 RPE_TRAINED_DEFAULTS = {"rpe_max_distance": 16}
 
 # registered model name -> every option the plugin adds to it, with its default
 PLUGIN_MODEL_OPTIONS = {
-    "transformer_rope": {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS},
+    "transformer_rope": {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS, **ROPE_RECORDED_DEFAULTS},
     "transformer_rpe": dict(RPE_TRAINED_DEFAULTS),
 }
 INFERENCE_OPTIONS = frozenset(ROPE_INFERENCE_DEFAULTS)
@@ -103,9 +108,23 @@ def computation_options(model_cfg) -> dict:
     values = {name: _get(model_cfg, name) for name in COMPUTATION_OPTIONS}
     values["arch"] = arch
     for name, default in PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {}).items():
+        if name in ROPE_RECORDED_DEFAULTS:
+            continue
         value = _get(model_cfg, name)
         values[name] = default if value is None else value
     return values
+
+
+def trained_length(model_cfg) -> int:
+    """The longest sequence (tokens) a checkpoint's model was trained on; 0 if not recorded."""
+    return int(_get(model_cfg, "rope_trained_length") or 0)
+
+
+def record_trained_length(model_cfg, length: int) -> None:
+    if isinstance(model_cfg, dict):
+        model_cfg["rope_trained_length"] = int(length)
+    else:
+        setattr(model_cfg, "rope_trained_length", int(length))
 
 
 def is_plugin_option(name: str) -> bool:
@@ -131,6 +150,11 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
             continue
         trained = _get(model_cfg, name)
         trained = known[name] if trained is None else trained
+        if value != trained and name in ROPE_RECORDED_DEFAULTS:
+            raise OptionError(
+                f"--model-overrides: {name}={value!r} differs from what training recorded in {checkpoint} "
+                f"({trained!r}); set L with --rope-scaling-original-length instead"
+            )
         if value != trained:
             raise OptionError(
                 f"--model-overrides: {name}={value!r} differs from the value {checkpoint} was trained "

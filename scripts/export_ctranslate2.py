@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fairseq_rope  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import current_umask  # noqa: E402
 from fairseq_rope.model_options import OptionError, model_config, registered_model_name  # noqa: E402
+from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS  # noqa: E402
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 EXPORT_INFO = "export_info.json"
@@ -58,6 +59,9 @@ def check_exportable(args) -> None:
         (getattr(args, "rope_values", False), "--rope-values: CTranslate2 does not rotate values (RoPER)"),
         (getattr(args, "attention_kind", "softmax") != "softmax",
          f"--attention-kind {getattr(args, 'attention_kind', None)}: CTranslate2 has softmax attention only"),
+        (getattr(args, "rope_scaling", "none") in DYNAMIC_SCALINGS,
+         f"--rope-scaling {getattr(args, 'rope_scaling', None)}: the factor is chosen per sentence, and CTranslate2 "
+         "has one rotary scaling for every sentence (export with none or linear)"),
         (getattr(args, "rope_scaling", "none") not in ("none", "linear"),
          f"--rope-scaling {getattr(args, 'rope_scaling', None)}: CTranslate2's rotary scalings do not include it "
          "(linear is exported)"),

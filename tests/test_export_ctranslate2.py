@@ -132,6 +132,8 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     ("transformer_rope_tiny", ["--rope-scaling", "ntk", "--rope-scaling-factor", "2"], "--rope-scaling ntk"),
     ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "2",
                                "--rope-scaling-original-length", "20"], "--rope-scaling yarn"),
+    ("transformer_rope_tiny", ["--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", "20"],
+     "--rope-scaling dynamic-yarn: the factor is chosen per sentence"),
     ("transformer_rope_tiny", ["--encoder-normalize-before"], "--encoder-normalize-before"),
     ("transformer_rpe_tiny", [], "--arch transformer_rpe_tiny"),
     ("transformer_tiny", ["--no-token-positional-embeddings"], "--no-token-positional-embeddings"),

@@ -118,6 +118,16 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
     assert generate("{'rope_scaling': 'ntk', 'rope_scaling_factor': 1.0}") == plain
     yarn = generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, 'rope_scaling_original_length': 4}")
     assert len(yarn) == n_test and yarn != plain
-    bad = run_cli(args=["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "checkpoint_last.pt",
-                        "--model-overrides", "{'rope_scaling': 'yarn', 'rope_scaling_factor': 2.0}"], check=False)
-    assert bad.returncode != 0 and "--rope-scaling-original-length" in bad.stderr
+
+    # training recorded L, the longest source or target (2 to 10 words and EOS): no flag needed
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert 3 <= state["cfg"]["model"].rope_trained_length <= 11
+    assert len(generate("{'rope_scaling': 'dynamic-yarn'}")) == n_test
+    assert len(generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 2.0}")) == n_test
+    # an explicit L wins; above every test length, dynamic scaling is plain RoPE
+    assert generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 64}") == plain
+    del state["cfg"]["model"].rope_trained_length  # a checkpoint saved before L was recorded
+    torch.save(state, save / "old.pt")
+    bad = run_cli(args=["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "old.pt",
+                        "--model-overrides", "{'rope_scaling': 'dynamic-ntk'}"], check=False)
+    assert bad.returncode != 0 and "pass --rope-scaling-original-length L" in bad.stderr.splitlines()[-1]

@@ -14,11 +14,15 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..model_options import OptionError, fill_defaults
+from ..modules.rotary import sequence_lengths
 
 
 class AttentionFactory:
     """Makes the attentions of one model from its options. ``kwargs`` are what fairseq passes
     to its own ``MultiheadAttention`` (dropout, self_attention, kdim, q_noise, ...)."""
+
+    #: whether attentions need each row's source length (set on them by the decoder layer)
+    needs_source_lengths = False
 
     def __init__(self, args):
         self.args = args
@@ -71,6 +75,21 @@ class PositionalDecoderLayer(TransformerDecoderLayerBase):
             q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
         )
         return attention if attention is not None else super().build_encoder_attention(embed_dim, cfg)
+
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, *args, **kwargs):
+        if not (self.attentions.needs_source_lengths and encoder_out is not None):
+            return super().forward(x, encoder_out, encoder_padding_mask, *args, **kwargs)
+        # derived afresh at every call from the encoder output, which beam search reorders with
+        # the decoder's cache: each row keeps its sentence's length from the first step to the last
+        lengths = sequence_lengths(encoder_padding_mask, encoder_out.size(0), x.size(1), x.device)
+        attentions = [a for a in (self.self_attn, self.encoder_attn) if hasattr(a, "source_lengths")]
+        for attention in attentions:
+            attention.source_lengths = lengths
+        try:
+            return super().forward(x, encoder_out, encoder_padding_mask, *args, **kwargs)
+        finally:
+            for attention in attentions:
+                attention.source_lengths = None
 
 
 class PositionalTransformerEncoder(TransformerEncoder):

@@ -15,12 +15,13 @@ from fairseq.models.transformer import (
 
 from ..model_options import (
     ROPE_INFERENCE_DEFAULTS,
+    ROPE_RECORDED_DEFAULTS,
     ROPE_TRAINED_DEFAULTS,
     OptionError,
     check_finite_positive,
 )
 from ..modules.linear_rotary_attention import LinearRotaryAttention
-from ..modules.rotary import LAYOUTS, SCALINGS, check_layout, check_scaling, rotary_dim_for
+from ..modules.rotary import DYNAMIC_SCALINGS, LAYOUTS, SCALINGS, check_layout, check_scaling, rotary_dim_for
 from ..modules.rotary_embedding import shared_rotary_embedding
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention
 from .positional_transformer import AttentionFactory, PositionalTransformerModel, define_architecture
@@ -32,7 +33,7 @@ def check_rope_options(args) -> None:
     """Fail while the command line is parsed, naming the flag, before any layer is made."""
     check_finite_positive("--rope-theta", args.rope_theta)
     check_layout(args.rope_layout)
-    check_scaling(args.rope_scaling, args.rope_scaling_factor, args.rope_scaling_original_length)
+    check_scaling(args.rope_scaling, args.rope_scaling_factor, training_length(args))
     if args.attention_kind not in ATTENTION_KINDS:
         raise OptionError(f"--attention-kind must be one of {', '.join(ATTENTION_KINDS)}; got {args.attention_kind!r}")
     if args.rope_values and args.attention_kind == "linear":
@@ -41,13 +42,22 @@ def check_rope_options(args) -> None:
         rotary_dim_for(getattr(args, f"{side}_embed_dim") // getattr(args, f"{side}_attention_heads"), args.rope_fraction)
 
 
+def training_length(args) -> int:
+    """L of the length scalings: --rope-scaling-original-length, else what training recorded."""
+    return args.rope_scaling_original_length or args.rope_trained_length or 0
+
+
 class RotaryAttentions(AttentionFactory):
+    @property
+    def needs_source_lengths(self) -> bool:
+        return self.args.rope_scaling in DYNAMIC_SCALINGS
+
     def rotary_embedding(self, embed_dim: int, num_heads: int):
         """The rotation of every attention with this head size: one object, shared."""
         a = self.args
         return shared_rotary_embedding(
             rotary_dim_for(embed_dim // num_heads, a.rope_fraction), float(a.rope_theta), a.rope_layout,
-            a.rope_scaling, float(a.rope_scaling_factor), int(a.rope_scaling_original_length),
+            a.rope_scaling, float(a.rope_scaling_factor), training_length(a),
         )
 
     def self_attention(self, side, embed_dim, num_heads, **kwargs):
@@ -84,13 +94,15 @@ ROPE_OPTIONS = (
                                    "features) in encoder and decoder self-attention (default: softmax)")),
     ("--rope-scaling", dict(choices=SCALINGS,
                             help="frequency scaling to run on inputs longer than in training: linear "
-                                 "(position interpolation), ntk, yarn; usually set at generate time with "
+                                 "(position interpolation), ntk, yarn; dynamic-ntk, dynamic-yarn: factor "
+                                 "max(1, source length / L) per sentence; usually set at generate time with "
                                  "--model-overrides (default: none)")),
     ("--rope-scaling-factor", dict(type=float, metavar="S",
                                    help="length extension factor s >= 1 for --rope-scaling (default: 1)")),
     ("--rope-scaling-original-length", dict(type=int, metavar="L",
-                                            help="longest sequence (tokens) seen in training; needed by "
-                                                 "--rope-scaling yarn (default: 0, unset)")),
+                                            help="L, the longest sequence (tokens) seen in training, for "
+                                                 "--rope-scaling yarn and dynamic-*; overrides the length "
+                                                 "the checkpoint records (default: 0, unset)")),
 )
 
 
@@ -101,10 +113,22 @@ class TransformerRopeModel(PositionalTransformerModel):
     attention_factory = RotaryAttentions
     options = ROPE_OPTIONS
 
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        model.trained_length = int(args.rope_trained_length or 0)  # saved by checkpoints.py
+        return model
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
+        if self.training:  # batch widths: the longest source and target, known without a device sync
+            self.trained_length = max(self.trained_length, src_tokens.size(1), prev_output_tokens.size(1))
+        return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
+
 
 def _rope_architecture(args, transformer_architecture):
     define_architecture(
-        args, "transformer_rope", {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS}, transformer_architecture,
+        args, "transformer_rope", {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS, **ROPE_RECORDED_DEFAULTS},
+        transformer_architecture,
         check_rope_options,
     )
 

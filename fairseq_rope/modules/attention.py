@@ -36,6 +36,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
     :class:`PositionScheme`. Without requested attention weights, attention runs through
     ``F.scaled_dot_product_attention``; with them, an explicit softmax gives the same output."""
 
+    #: (batch,) source length of each row during a layer's call, set by the layer where the
+    #: position scheme needs it (a per-sentence --rope-scaling); a plain attribute, not state
+    source_lengths: Optional[Tensor] = None
+
     def __init__(self, embed_dim, num_heads, positions: PositionScheme, **kwargs):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
             raise ValueError(f"{type(self).__name__} does not support add_bias_kv / add_zero_attn")
@@ -113,7 +117,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
             offset = steps.size(1) if steps is not None else 0
         return AttentionCall(
             q, k, v, qkv, tgt_len, bsz, src_len, kv_bsz, key_padding_mask, saved_state, offset,
-            self.self_attention_positions(offset, tgt_len, query.device), static_kv,
+            self.self_attention_positions(offset, tgt_len, query.device), static_kv, self.source_lengths,
         )
 
     def _project_self_attention(self, rows: Tensor) -> Tensor:

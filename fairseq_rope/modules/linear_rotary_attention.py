@@ -112,7 +112,9 @@ class LinearRotaryAttention(RotaryMultiheadAttention):
         if state is not None and not self.causal:
             raise ValueError("incremental linear attention must be causal")
         # rotation after phi (eq. 19); the unrotated features stay for the denominator
-        rq, rk = self.rotary.rotate([fq, fk], call.query_positions, call.offset + call.tgt_len, shape)
+        rq, rk = self.rotary.rotate(
+            [fq, fk], call.query_positions, call.offset + call.tgt_len, shape, factors=self.positions.row_factors(call)
+        )
 
         rq, rk, fq, fk, v = (t.permute(1, 2, 0, 3) for t in (rq, rk, fq, fk, v))
         if self.causal:

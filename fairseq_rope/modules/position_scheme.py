@@ -29,6 +29,9 @@ class AttentionCall:
     offset: int  # query positions already processed (cached) before this call
     query_positions: Tensor  # (tgt_len,) for the new tokens
     static_kv: bool = False
+    # (batch,) source length of each query row, where the layer gives it (dynamic --rope-scaling)
+    source_lengths: Optional[Tensor] = None
+    factors: Optional[Tensor] = None  # (batch,) s of a per-sentence scaling, once encode has chosen it
 
     def split_projections(self) -> None:
         if self.qkv is not None:

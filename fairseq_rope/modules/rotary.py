@@ -21,7 +21,7 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -96,8 +96,18 @@ ROPE_SCALINGS: Dict[str, Callable[[int, float, float, int], Tuple[Tensor, float]
     "linear": _linear,
     "ntk": _ntk,
     "yarn": _yarn,
+    # chosen per sentence at inference: s = max(1, n / L) (see dynamic_factors)
+    "dynamic-ntk": _ntk,
+    "dynamic-yarn": _yarn,
 }
 SCALINGS = tuple(ROPE_SCALINGS)
+DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
+
+
+def dynamic_factors(source_lengths: Tensor, original_length: int) -> Tensor:
+    """s = max(1, n / L) (fp64) for each sentence of n source tokens, L the training length: a
+    sentence no longer than in training keeps plain RoPE, a longer one is scaled just enough."""
+    return (source_lengths.to(torch.float64) / original_length).clamp(min=1.0)
 
 
 def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0) -> None:
@@ -110,14 +120,20 @@ def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0)
             f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling none: "
             "choose --rope-scaling linear, ntk or yarn, or drop the factor"
         )
+    if scaling in DYNAMIC_SCALINGS and scaling_factor != 1.0:
+        raise OptionError(
+            f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling {scaling}: "
+            "each sentence gets s = max(1, source length / L); drop the factor"
+        )
     if int(original_length) != original_length or original_length < 0:
         raise OptionError(
             f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}"
         )
-    if scaling == "yarn" and not original_length > 0:
+    if scaling in ("yarn", *DYNAMIC_SCALINGS) and not original_length > 0:
         raise OptionError(
-            "--rope-scaling yarn needs --rope-scaling-original-length (the longest sequence, "
-            f"in tokens, seen in training), got {original_length}"
+            f"--rope-scaling {scaling} needs the training length L, which the checkpoint does not record "
+            "(saved by an older version, or no checkpoint yet): pass --rope-scaling-original-length L, the longest "
+            "sequence, in tokens, seen in training"
         )
 
 
@@ -213,6 +229,13 @@ def interleaved_to_half_permutation(head_dim: int, rotary_dim: int) -> Tensor:
     odd = torch.arange(1, rotary_dim, 2)
     rest = torch.arange(rotary_dim, head_dim)
     return torch.cat((even, odd, rest))
+
+
+def sequence_lengths(padding_mask: Optional[Tensor], length: int, batch: int, device) -> Tensor:
+    """Tokens of each sentence (batch,), pads excluded; ``length`` each without a mask."""
+    if padding_mask is None or padding_mask.dim() < 2:
+        return torch.full((batch,), length, device=device)
+    return length - padding_mask.bool().sum(dim=1)
 
 
 def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:

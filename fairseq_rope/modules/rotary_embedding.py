@@ -18,7 +18,10 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .fused_rotary import fused_available, fused_rotate
-from .rotary import apply_rotary, apply_rotary_, check_layout, next_power_of_two, rope_frequencies, rotation_angles
+from .rotary import (
+    DYNAMIC_SCALINGS, ROPE_SCALINGS, apply_rotary, apply_rotary_, check_layout, check_scaling, dynamic_factors,
+    next_power_of_two, rope_frequencies, rotation_angles,
+)
 
 
 class RotaryEmbedding:
@@ -28,6 +31,10 @@ class RotaryEmbedding:
     A plain object rather than a module with buffers: it stays out of the state dict and is never
     cast by ``model.half()``; keying the tables by device means ``model.to(device)`` cannot leave
     a stale one behind. A model's layers share one (see :func:`shared_rotary_embedding`).
+
+    A dynamic scaling (``dynamic-ntk``, ``dynamic-yarn``) keeps the plain tables and scales only
+    the rows given a factor s > 1 (:meth:`row_factors`), from fp64 angles as the tables are made:
+    a row with s == 1 uses the very numbers of plain RoPE.
     """
 
     def __init__(
@@ -43,13 +50,16 @@ class RotaryEmbedding:
         self.rotary_dim, self.theta, self.layout = rotary_dim, float(theta), layout
         self.scaling, self.scaling_factor = scaling, float(scaling_factor)
         self.original_length = int(original_length)
+        check_scaling(scaling, self.scaling_factor, self.original_length)
+        self.dynamic = scaling in DYNAMIC_SCALINGS
         self.inv_freq, self.logit_scale = rope_frequencies(
-            rotary_dim, self.theta, scaling, self.scaling_factor, self.original_length
+            rotary_dim, self.theta, "none" if self.dynamic else scaling, self.scaling_factor, self.original_length
         )
         self._tables: Dict[torch.device, Tuple[Tensor, Tensor, Tensor]] = {}
 
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling}x{self.scaling_factor:g}" if self.scaling != "none" else ""
+        scaling = f", scaling={self.scaling}, L={self.original_length}" if self.dynamic else scaling
         return f"rotary_dim={self.rotary_dim}, theta={self.theta:g}, layout={self.layout}{scaling}"
 
     def clear_cache(self) -> None:
@@ -67,14 +77,35 @@ class RotaryEmbedding:
             self._tables[device] = tables
         return tables
 
-    def rotations(self, positions: Tensor, length: int) -> Tensor:
+    def row_factors(self, source_lengths: Optional[Tensor]) -> Optional[Tensor]:
+        """s = max(1, n / L) per row of a dynamic scaling; None when no row is scaled."""
+        if not self.dynamic or source_lengths is None:
+            return None
+        factors = dynamic_factors(source_lengths, self.original_length)
+        return factors if bool((factors > 1.0).any()) else None
+
+    def scaled(self, factor: float) -> Tuple[Tensor, float]:
+        """fp64 theta_i and logit multiplier of this scaling for one row's factor s."""
+        return ROPE_SCALINGS[self.scaling](self.rotary_dim, self.theta, factor, self.original_length)
+
+    def row_logit_scales(self, factors: Tensor) -> Tensor:
+        """The attention logit multiplier of each row (YaRN temperature; 1 for s == 1)."""
+        return torch.tensor([self.scaled(s)[1] for s in factors.tolist()], dtype=torch.float64)
+
+    def rotations(self, positions: Tensor, length: int, factors: Optional[Tensor] = None) -> Tensor:
         """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
         time) per sentence, all < ``length`` -- shaped to broadcast against time-first
-        (time, batch, heads, rotary_dim / 2) pairs."""
+        (time, batch, heads, rotary_dim / 2) pairs; rows with a ``factors`` s > 1 scaled by s."""
         table = self.tables(length, positions.device)[2]
-        if positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
+        if factors is None and positions.dim() == 1:  # (T, r/2) -> (T, 1, 1, r/2)
             return table[positions].view(positions.size(0), 1, 1, -1)
-        return table[positions.t()].unsqueeze(2)  # gathered time-first: (T, B, 1, r/2)
+        if positions.dim() == 1:
+            positions = positions.expand(factors.size(0), -1)
+        rotations = table[positions.t()]  # gathered time-first: (T, B, r/2)
+        for row in [] if factors is None else torch.nonzero(factors > 1.0).flatten().tolist():
+            angles = rotation_angles(positions[row].cpu(), self.scaled(float(factors[row]))[0])
+            rotations[:, row] = torch.complex(torch.cos(angles).float(), torch.sin(angles).float()).to(table.device)
+        return rotations.unsqueeze(2)
 
     def rotate(
         self,
@@ -86,6 +117,7 @@ class RotaryEmbedding:
         inverse: bool = False,
         overwrite: bool = False,
         rotated_heads: Optional[int] = None,
+        factors: Optional[Tensor] = None,
     ) -> List[Tensor]:
         """R_m x (eq. 14), or R_{-m} x with ``inverse``, for each of ``xs`` seen as time-first
         ``heads_shape`` (time, batch, heads, head_dim), at ``positions`` ((time,) or (batch, time),
@@ -94,17 +126,26 @@ class RotaryEmbedding:
         ``overwrite=True``: the caller gives ``xs`` up (projection outputs, not views, that
         nothing else reads), so they may be rotated in place. ``rotated_heads``: rotate only the
         first heads (q and k of a fused q/k/v projection), leave the others as they are.
+        ``factors``: s per batch row of a dynamic scaling (:meth:`row_factors`).
         """
         heads = slice(None, rotated_heads)
         if xs[0].is_cuda and not inverse and fused_available():
             cos, sin, _ = self.tables(length, positions.device)
             views = [x.view(heads_shape) for x in xs]
+            # rows of a scaled sentence are rotated again from a copy of their input, so the
+            # others keep the fused kernel's numbers whatever their batch
+            scaled = None if factors is None else torch.nonzero(factors > 1.0).flatten()
+            inputs = [] if scaled is None else [v[:, scaled, heads] for v in views]
             rotated = fused_rotate([v[:, :, heads] for v in views], cos, sin, positions, self.layout)
             rotated = [rotated] if len(xs) == 1 else rotated
             if rotated_heads is not None:
                 rotated = [torch.cat((r, v[:, :, rotated_heads:]), dim=2) for r, v in zip(rotated, views)]
+            if inputs:
+                rotations = self.rotations(positions, length, factors)[:, scaled]
+                for r, x in zip(rotated, inputs):
+                    r[:, scaled, heads] = apply_rotary(x, rotations.real, rotations.imag, self.layout)
             return [r.view(x.shape) for r, x in zip(rotated, xs)]
-        rotations = self.rotations(positions, length)
+        rotations = self.rotations(positions, length, factors)
         if inverse:
             rotations = torch.conj_physical(rotations)
         if not overwrite:

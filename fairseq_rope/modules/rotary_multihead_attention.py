@@ -8,7 +8,7 @@ from torch import Tensor
 from ..model_options import check_finite_positive
 from .attention import PositionalMultiheadAttention
 from .position_scheme import AttentionCall, PositionScheme
-from .rotary import positions_from_padding_mask, rotary_dim_for
+from .rotary import positions_from_padding_mask, rotary_dim_for, sequence_lengths
 from .rotary_embedding import RotaryEmbedding
 
 
@@ -22,6 +22,9 @@ class RotaryPositions(PositionScheme):
       keys by source position within their own sentence.
     * RoPER (``--rope-values``): values rotate by their key position and the output rotates back
       by minus the query position, so value j reaches query i as R_{j - i} v_j.
+    * Dynamic scaling: each row rotates with its sentence's factor s = max(1, n / L), n its source
+      length, which the layer gives (``call.source_lengths``) or, for the encoder, its own keys'
+      padding mask; the same s at every decoding step keeps the key cache consistent.
     """
 
     def __init__(self, rotary: RotaryEmbedding, values: bool = False):
@@ -34,33 +37,52 @@ class RotaryPositions(PositionScheme):
     def describe(self) -> str:
         return f"{self.rotary}" + (", values=True" if self.values else "")
 
+    def row_factors(self, call: AttentionCall) -> Optional[Tensor]:
+        """s of each query row for a dynamic scaling (None: no row scaled)."""
+        if not self.rotary.dynamic:
+            return None
+        lengths = call.source_lengths
+        if lengths is None:  # encoder self-attention: the keys are the source
+            lengths = sequence_lengths(call.key_padding_mask, call.src_len, call.bsz, call.query_positions.device)
+        return self.rotary.row_factors(lengths)
+
     def encode(self, attention, call: AttentionCall) -> None:
         heads = (attention.num_heads, attention.head_dim)
         queries_and_length = (call.query_positions, call.offset + call.tgt_len)
+        factors = call.factors = self.row_factors(call)
         if attention.self_attention:  # q and k rotate; with RoPER v too (and is cached rotated)
             rotated_heads = (3 if self.values else 2) * attention.num_heads
             (call.qkv,) = self.rotary.rotate(
                 [call.qkv], *queries_and_length, (call.tgt_len, call.bsz, 3 * heads[0], heads[1]),
-                overwrite=True, rotated_heads=rotated_heads,
+                overwrite=True, rotated_heads=rotated_heads, factors=factors,
             )
         else:
-            (call.q,) = self.rotary.rotate([call.q], *queries_and_length, (call.tgt_len, call.bsz, *heads), overwrite=True)
+            (call.q,) = self.rotary.rotate(
+                [call.q], *queries_and_length, (call.tgt_len, call.bsz, *heads), overwrite=True, factors=factors
+            )
             if call.k is not None:
                 if call.key_padding_mask is not None:
                     key_positions = positions_from_padding_mask(call.key_padding_mask)
                 else:
                     key_positions = torch.arange(call.src_len, device=call.k.device)
+                key_factors = None if factors is None else factors.view(call.kv_bsz, -1)[:, 0]  # beams share keys
                 (call.k,) = self.rotary.rotate(
-                    [call.k], key_positions, call.src_len, (call.src_len, call.kv_bsz, *heads), overwrite=True
+                    [call.k], key_positions, call.src_len, (call.src_len, call.kv_bsz, *heads), overwrite=True,
+                    factors=key_factors,
                 )
         call.split_projections()
-        if self.rotary.logit_scale != 1.0:  # YaRN attention temperature
+        if factors is not None and self.rotary.scaling == "dynamic-yarn":  # per-row YaRN temperature
+            scales = self.rotary.row_logit_scales(factors).to(call.q.device, call.q.dtype)
+            call.q = (call.q.reshape(call.tgt_len, call.bsz, -1) * scales.view(1, -1, 1)).view(call.q.shape)
+        elif self.rotary.logit_scale != 1.0:  # YaRN attention temperature
             call.q = call.q * self.rotary.logit_scale
 
     def decode(self, attention, call: AttentionCall, out: Tensor) -> Tensor:
         if not self.values:
             return out
-        (out,) = self.rotary.rotate([out], call.query_positions, call.offset + call.tgt_len, out.shape, inverse=True)
+        (out,) = self.rotary.rotate(
+            [out], call.query_positions, call.offset + call.tgt_len, out.shape, inverse=True, factors=call.factors
+        )
         return out
 
 
