@@ -81,14 +81,18 @@ def test_incremental_steps_with_beam_reorder(weights):
     stock, rotary = pair(weights, self_attention=True)
     steps, B = 5, 4
     xs = torch.randn(steps, 1, B, E).unbind(0)
+    # beam search keeps hypotheses 3, 3, 0, 1 after the third step
+    decode_steps(stock, rotary, [dict(query=x, key=x, value=x, **weights) for x in xs], 2, [3, 3, 0, 1])
+
+
+def decode_steps(stock, rotary, calls, reorder_after, order):
+    """Incremental calls on both attentions, outputs compared at every step, with a beam reorder."""
     states = {}, {}
-    for step, x in enumerate(xs):
-        outs = [attn(x, x, x, incremental_state=state, **weights) for attn, state in zip((stock, rotary), states)]
-        assert_same(*outs)
-        if step == 2:  # beam search keeps hypotheses 3, 3, 0, 1
-            order = torch.tensor([3, 3, 0, 1])
+    for step, call in enumerate(calls):
+        assert_same(*[attn(incremental_state=state, **call) for attn, state in zip((stock, rotary), states)])
+        if step == reorder_after:
             for attn, state in zip((stock, rotary), states):
-                attn.reorder_incremental_state(state, order)
+                attn.reorder_incremental_state(state, torch.tensor(order))
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
@@ -99,19 +103,9 @@ def test_encoder_decoder_attention_with_shared_beams(weights):
         attn.set_beam_size(beam)
     encoder_out = torch.randn(S, sentences, 24).repeat_interleave(beam, dim=1)
     mask = left_padding_mask([5, 3], S).repeat_interleave(beam, dim=0)
-    states = {}, {}
-    for step in range(3):
-        y = torch.randn(1, sentences * beam, E)
-        outs = [
-            attn(y, encoder_out, encoder_out, key_padding_mask=mask, incremental_state=state,
-                 static_kv=True, **weights)
-            for attn, state in zip((stock, rotary), states)
-        ]
-        assert_same(*outs)
-        if step == 1:
-            order = torch.tensor([2, 0, 0, 4, 5, 3])  # within each sentence's beams
-            for attn, state in zip((stock, rotary), states):
-                attn.reorder_incremental_state(state, order)
+    calls = [dict(query=torch.randn(1, sentences * beam, E), key=encoder_out, value=encoder_out,
+                  key_padding_mask=mask, static_kv=True, **weights) for _ in range(3)]
+    decode_steps(stock, rotary, calls, 1, [2, 0, 0, 4, 5, 3])  # reordered within each sentence's beams
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
