@@ -128,6 +128,13 @@ def test_quant_noise_projections_and_weight_updates():
     with torch.no_grad():
         assert_same(stock(x, x, x), rotary(x, x, x))
         for attn in (stock, rotary):
-            attn.k_proj.weight.mul_(0.5)  # as an optimizer step would, in place
+            attn.k_proj.weight.mul_(0.5)  # in place, as load_state_dict would
             attn.v_proj.bias.add_(1.0)
+        assert_same(stock(x, x, x), rotary(x, x, x))
+        # fairseq's optimizers update p.data in train mode, out of sight of p's version counter;
+        # a validation pass after training steps must see the new weights
+        for attn in (stock, rotary):
+            attn.train()
+            attn.q_proj.weight.data.add_(0.25)
+            attn.eval()
         assert_same(stock(x, x, x), rotary(x, x, x))

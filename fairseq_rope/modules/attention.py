@@ -49,6 +49,10 @@ class PositionalMultiheadAttention(MultiheadAttention):
         self.positions = positions
         positions.attach(self)
 
+    def train(self, mode: bool = True):
+        self.__dict__.pop("_fused_projection_cache", None)  # see _fused_projection
+        return super().train(mode)
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, {self.positions.describe()}"
 
@@ -129,10 +133,12 @@ class PositionalMultiheadAttention(MultiheadAttention):
         return F.linear(rows, *self._fused_projection(projections))
 
     def _fused_projection(self, projections) -> Tuple[Tensor, Optional[Tensor]]:
-        """The concatenated weights and biases; kept between inference calls while no weight
-        changes (the concatenation is a copy of the weights)."""
+        """The concatenated weights and biases. Inference in eval mode keeps them between calls
+        (the concatenation is a copy of the weights) until a weight changes visibly or the mode
+        changes: optimizers (fairseq's Adam among them) update ``p.data``, which moves neither the
+        pointer nor the version of ``p``, and they run in train mode."""
         params = [p for m in projections for p in (m.weight, m.bias)]
-        if torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params):
+        if self.training or (torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params)):
             return _concatenate(params)
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params if p is not None)
         cached = self.__dict__.get("_fused_projection_cache")
