@@ -1,11 +1,15 @@
-"""What the project's scripts share: atomic file writes.
+"""What the project's scripts share: atomic file writes (and, below, running fairseq commands and
+reading their logs).
 
 Light on purpose -- standard library only -- so that the text steps of the recipe import it
 without paying for torch or fairseq. Checkpoints are written by the plugin itself
 (``fairseq_rope.checkpoints``), which cannot import from ``scripts/``.
 """
 
+import json
+import math
 import os
+import re
 import sys
 import tempfile
 from typing import Callable, Iterable, Optional
@@ -72,3 +76,168 @@ def write_lines(path: Optional[str], lines: Iterable[str]) -> int:
         count += 1
     sys.stdout.flush()
     return count
+
+
+# --- running fairseq's console scripts ------------------------------------------------------
+# fairseq-train / -generate / -preprocess run as a user would run them, with this Python's
+# environment first on PATH, and their output goes to a log file line by line as it comes, so a
+# long training can be followed (tail -f, or an ``on_line`` callback) while it runs.
+
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+class CommandFailed(RuntimeError):
+    """A command exited with a non-zero status; the message names it, the status and its log."""
+
+
+# the commands run_logged is waiting for, from any thread, so that a caller running several at
+# once can stop them all when it is interrupted (terminate_running)
+_running = set()
+
+
+def terminate_running() -> None:
+    """Terminate every command that run_logged is running (their run_logged calls then raise
+    CommandFailed)."""
+    for proc in list(_running):
+        proc.terminate()
+
+
+def command_env(extra: Optional[dict] = None) -> dict:
+    """os.environ with this environment's bin/ first on PATH, unbuffered Python output and
+    ``extra`` on top."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra or {})
+    return env
+
+
+def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Optional[str] = None,
+               on_line: Optional[Callable[[str], None]] = None, tail_lines: int = 15) -> None:
+    """Run ``cmd`` (a console script of this environment such as ``fairseq-train``, or any
+    program) with stdout and stderr written to ``log_path`` as they come; its first line is the
+    command. Each output line (without its newline) is also passed to ``on_line``. Raises
+    CommandFailed naming the command (``name``, default its program), with the last
+    ``tail_lines`` lines and the log's path, if it exits non-zero; the command is terminated if
+    the caller is interrupted or ``on_line`` raises."""
+    import shlex
+    import subprocess
+
+    program = os.path.join(BIN_DIR, str(cmd[0]))
+    cmd = [program if os.path.isfile(program) else str(cmd[0]), *map(str, cmd[1:])]
+    tail = []
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=command_env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+        _running.add(proc)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                line = line.rstrip("\n")
+                tail = (tail + [line])[-tail_lines:]
+                if on_line is not None:
+                    on_line(line)
+            status = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
+            _running.discard(proc)
+            proc.stdout.close()
+    if status != 0:
+        shown = "\n".join("    " + line for line in tail)
+        raise CommandFailed(f"{name or os.path.basename(cmd[0])} exited with status {status}; its last lines:\n"
+                            f"{shown}\nfull log: {log_path}")
+
+
+# --- reading fairseq-train's log --------------------------------------------------------------
+# fairseq-train logs one line per --log-interval updates (train_inner), one per validation
+# (valid) and one per epoch (train), in --log-format simple (the recipe's) or json:
+#   ... | train_inner | epoch 001:     25 / 164 loss=9.648, nll_loss=9.529, ..., num_updates=25, ...
+#   ... | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 7.2 | ... | num_updates 100
+#   ... | valid | {"epoch": 1, "valid_loss": "7.5", ..., "valid_num_updates": "100"}
+
+_LOG_KIND = re.compile(r"\| (train_inner|train|valid) \| (.*)$")
+_MODEL_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?$")
+
+
+def parse_train_line(line: str):
+    """``(kind, {name: number})`` for a train_inner, train or valid line of fairseq-train's log
+    (names without their ``train_``/``valid_`` prefix: loss, nll_loss, wps, num_updates, ...),
+    ``("params", {"params": n})`` for the model-size line, else None. Only the ``valid`` subset
+    counts as validation."""
+    m = _MODEL_PARAMS.search(line)
+    if m:
+        return "params", {"params": int(m.group(1).replace(",", ""))}
+    m = _LOG_KIND.search(line)
+    if not m:
+        return None
+    kind, rest = m.groups()
+    if rest.startswith("{"):
+        try:
+            record = json.loads(rest)
+        except ValueError:
+            return None
+        # json names carry the subset ("valid_loss", "train_wps"; train_inner's do not)
+        prefix = f"{kind}_"
+        pairs = ((name[len(prefix):] if name.startswith(prefix) else name, value) for name, value in record.items())
+    elif kind == "train_inner":
+        pairs = (field.split("=", 1) for field in rest.split(", ") if "=" in field)
+        pairs = ((name.rsplit(" ", 1)[-1], value) for name, value in pairs)
+    else:
+        if kind == "valid" and "valid on 'valid' subset" not in rest:
+            return None
+        pairs = (field.split(" ", 1) for field in rest.split(" | ") if " " in field)
+    fields = {}
+    for name, value in pairs:
+        value = str(value).strip()
+        if _NUMBER.match(value):
+            fields[name] = float(value)
+    return (kind, fields) if "num_updates" in fields else None
+
+
+def parse_train_log(lines: Iterable[str]) -> dict:
+    """What a fairseq-train log says about the run: ``params`` (None if not logged),
+    ``train_curve`` [[update, loss]], ``valid_curve`` [[update, loss, nll_loss]] (for a resumed
+    run the last value logged for an update wins), ``valid_loss`` / ``valid_nll_loss`` at the
+    last validation (nan without one) and ``tokens_per_second``, the mean of the logged
+    train_inner words per second (of the per-epoch values when no train_inner line was logged)."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    params, train, valid, inner_wps, epoch_wps = None, {}, {}, [], []
+    for line in lines:
+        parsed = parse_train_line(line)
+        if parsed is None:
+            continue
+        kind, fields = parsed
+        if kind == "params":
+            params = fields["params"]
+            continue
+        update = int(fields["num_updates"])
+        if kind == "valid" and "loss" in fields:
+            valid[update] = (fields["loss"], fields.get("nll_loss", math.nan))
+        elif kind == "train_inner":
+            if "loss" in fields:
+                train[update] = fields["loss"]
+            if "wps" in fields:
+                inner_wps.append(fields["wps"])
+        elif kind == "train" and "wps" in fields:
+            epoch_wps.append(fields["wps"])
+    curve = sorted(valid.items())
+    speeds = inner_wps or epoch_wps
+    return {
+        "params": params,
+        "train_curve": [[u, loss] for u, loss in sorted(train.items())],
+        "valid_curve": [[u, loss, nll] for u, (loss, nll) in curve],
+        "valid_loss": curve[-1][1][0] if curve else math.nan,
+        "valid_nll_loss": curve[-1][1][1] if curve else math.nan,
+        "tokens_per_second": sum(speeds) / len(speeds) if speeds else math.nan,
+    }

@@ -1,59 +1,74 @@
 #!/usr/bin/env python3
 """Compare position encodings for translation under identical conditions, in one command.
 
-Every variant is trained with the same hyper-parameters, update budget and seeds; the last
-``--average-last`` update checkpoints are averaged (``scripts/average_checkpoints.py``); the
-average is decoded with beam 4 and length penalty 0.6 and scored with sacreBLEU. Output in
+Every variant is trained by the recipe, examples/wmt14_en_de/train.sh, with the same
+hyper-parameters, update budget and seeds; the harness sets only the budget (MAX_UPDATE, LR,
+WARMUP_UPDATES, one batch per update, checkpoint interval) and the architecture, and any other
+knob of train.sh set in the environment (LABEL_SMOOTHING=0.2 ...) reaches every run alike. The
+last ``--average-last`` update checkpoints are averaged (scripts/average_checkpoints.py), the
+average is decoded with beam 4 and length penalty 0.6, and scored as scripts/score_bleu.py
+scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++. Output in
 ``--out-dir``:
 
-* ``results.md`` -- one row per variant: BLEU (mean and sample std over seeds, per test group),
-  final validation loss, parameters, training tokens/s;
-* ``results.json`` -- every number of every run;
-* ``valid_loss.png`` -- validation loss per update, one line per variant (mean over seeds);
-* ``bleu_by_length.png`` -- BLEU by source-length bucket.
+* ``results.md`` -- per test group and variant: each score as mean, sample std and per-seed
+  values over seeds; per seed, each score with its 95 % bootstrap confidence interval and the
+  p-value of sacreBLEU's paired bootstrap test against ``--baseline`` (scripts/significance.py);
+  validation loss, parameters, training speed; BLEU by source length;
+* ``results.json`` -- every number of every run, and the significance tests;
+* ``valid_loss.png``, ``bleu_by_length.png``;
+* ``runs/VARIANT/seedN/``: ``train.log`` (written as the training runs), ``generate*.log``, the
+  hypotheses, ``result.json``. A rerun reuses finished runs made with the same settings.
+
+While it runs it prints a line per logged training interval (update, losses, elapsed time, ETA)
+and the decoding's progress. ``--jobs N`` runs N trainings at once: the CPU threads are split
+evenly among them, or each gets a GPU of its own when GPUs are visible; with the same seeds and
+threads per training the numbers are those of one training at a time.
 
 Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``), ``rpe``
 (Shaw et al. 2018, ``transformer_rpe``), ``rope``, ``roper`` (``--rope-values``),
-``rope_linear`` (``--attention-kind linear``).
-
-Data, one of:
-
-* ``--data-bin DIR``: an existing fairseq data-bin, decoded on ``--gen-subset``;
-* ``--raw-dir DIR``: whitespace-tokenized ``{train,valid,test}.{SRC,TGT}``, binarized here with a
-  joined dictionary;
-* ``--quickstart-corpus``: the synthetic corpus of ``scripts/generate_corpus.py``.
-
-With raw text, ``--length-split L`` trains on pairs whose both sides have at most L tokens and
-tests on four groups: test pairs up to L tokens, test pairs longer than L, and consecutive
-test pairs concatenated to 2x and 3x length -- how each encoding extrapolates. RoPE variants
-can additionally be decoded with frequency scaling (``--extrapolation-scaling yarn:4``), the
-same checkpoint run through ``--model-overrides``.
+``rope_linear`` (``--attention-kind linear``). Data (scripts/compare_data.py): ``--prepared-dir
+WORK_DIR`` (a corpus prepared by prepare.sh), ``--quickstart-corpus`` (the synthetic corpus,
+prepared by prepare.sh here), ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
+``--length-split L`` trains on pairs of at most L words and tests on longer ones and on test
+pairs joined 2 and 3 at a time; RoPE variants can also be decoded with frequency scaling
+(``--extrapolation-scaling yarn:4``, the same checkpoint through ``--model-overrides``).
 
 Example::
 
     python scripts/compare_position_encodings.py --quickstart-corpus --out-dir work/compare \\
-        --size tiny --seeds 1 2 3 --max-update 3000 --length-split 20 \\
-        --extrapolation-scaling ntk:3 yarn:3
+        --variants sinusoidal rope --seeds 1 2 3 --max-update 3000 --length-split 20 \\
+        --extrapolation-scaling ntk:3 yarn:3 --train-args "--encoder-embed-dim 128 --decoder-embed-dim 128"
+
+``--train-args`` and ``--generate-args`` take one string of extra arguments, the same for every
+variant; a single option can follow directly: ``--generate-args --remove-bpe``.
 """
 
 import argparse
 import json
 import math
 import os
+import queue
 import re
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from text_lines import InputError, read_lines  # noqa: E402
+import compare_data  # noqa: E402
+import compare_report  # noqa: E402
+import score_bleu  # noqa: E402
+from common import CommandFailed, parse_train_line, parse_train_log, run_logged, terminate_running  # noqa: E402
+from common import write_lines_atomically, write_text_atomically  # noqa: E402
+from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401  (read_pairs, concatenated: API)
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
+RESULT_FORMAT = 2  # result.json of older harness versions are not reused
 
 # name -> (model family, flags); the family is mapped to an architecture by --size
 VARIANTS = {
@@ -73,238 +88,116 @@ SIZES = {
     "wmt_en_de": {"transformer": "transformer_wmt_en_de", "transformer_rope": "transformer_rope_wmt_en_de",
                   "transformer_rpe": "transformer_rpe_wmt_en_de"},
 }
-GROUPS_FILE = "test_groups.json"
+PASS_THROUGH = ("--train-args", "--generate-args")
+_print_lock = threading.Lock()
 
 
 def log(message):
-    print(f"[compare] {message}", flush=True)
+    with _print_lock:
+        print(f"[compare] {message}", flush=True)
 
 
-def run(cmd, log_path=None, env_extra=None):
-    """Run a console script of this environment; its output goes to ``log_path``."""
-    exe = BIN / cmd[0]
-    cmd = [str(exe) if exe.exists() else cmd[0], *map(str, cmd[1:])]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update(env_extra or {})
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if log_path is not None:
-        Path(log_path).write_text(" ".join(shlex.quote(c) for c in cmd) + "\n" + proc.stdout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:2])} ... failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
-    return proc.stdout
+def duration(seconds):
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-# ---------------------------------------------------------------------------------- data
+# ---------------------------------------------------------------------------------- progress
 
 
-def read_pairs(raw_dir, split, src, tgt):
-    """The sentence pairs of RAW_DIR/SPLIT.{SRC,TGT}, read strictly (scripts/text_lines.py)."""
-    src_path, tgt_path = Path(raw_dir) / f"{split}.{src}", Path(raw_dir) / f"{split}.{tgt}"
-    sources, targets = read_lines(src_path), read_lines(tgt_path)
-    if len(sources) != len(targets):
-        raise InputError(f"{src_path} ({len(sources)} lines) and {tgt_path} ({len(targets)} lines) are not parallel")
-    return [(a.split(), b.split()) for a, b in zip(sources, targets)]
+class TrainingProgress:
+    """fairseq-train's log condensed to one line per logged interval and per validation."""
+
+    def __init__(self, name, total_updates):
+        self.name, self.total, self.started = name, total_updates, time.time()
+        self.valid_loss = None
+
+    def __call__(self, line):
+        parsed = parse_train_line(line)
+        if parsed is None or parsed[0] not in ("train_inner", "valid"):
+            return
+        kind, fields = parsed
+        update = int(fields["num_updates"])
+        if kind == "valid":
+            self.valid_loss = fields.get("loss")
+        elapsed = time.time() - self.started
+        eta = elapsed / update * (self.total - update) if update else math.nan
+        train = f"train loss {fields['loss']:.3f}" if kind == "train_inner" and "loss" in fields else "validation"
+        valid = f"valid loss {self.valid_loss:.3f}" if self.valid_loss is not None else "valid loss -"
+        log(f"{self.name}: update {update}/{self.total} | {train} | {valid} | {duration(elapsed)} elapsed"
+            + (f", ETA {duration(eta)}" if update < self.total and not math.isnan(eta) else ""))
 
 
-def write_pairs(prefix, pairs, src, tgt):
-    with open(f"{prefix}.{src}", "w") as fs, open(f"{prefix}.{tgt}", "w") as ft:
-        for a, b in pairs:
-            fs.write(" ".join(a) + "\n")
-            ft.write(" ".join(b) + "\n")
+class Decoding:
+    """Collects fairseq-generate's S/T/H lines by sentence id and reports every tenth of the way."""
+
+    def __init__(self, name, expected):
+        self.name, self.expected, self.started = name, expected, time.time()
+        self.rows, self.translated, self.reported = {}, 0, 0
+
+    def __call__(self, line):
+        kind, _, rest = line.partition("-")
+        if kind not in ("S", "T", "H") or "\t" not in rest:
+            return
+        fields = rest.split("\t")
+        if not fields[0].isdigit():
+            return
+        self.rows.setdefault(int(fields[0]), {})[kind] = fields[-1]
+        if kind != "H":
+            return
+        self.translated += 1
+        if self.expected and self.translated * 10 // self.expected > self.reported:
+            self.reported = self.translated * 10 // self.expected
+            log(f"{self.name}: {self.translated}/{self.expected} sentences ({duration(time.time() - self.started)})")
+
+    def in_order(self):
+        """[(source, hypothesis, reference)] by sentence id."""
+        return [(r.get("S", ""), r.get("H", ""), r.get("T", "")) for _, r in sorted(self.rows.items())]
 
 
-def concatenated(pairs, n):
-    """Consecutive pairs joined n at a time: test sentences n times as long."""
-    return [
-        (sum((p[0] for p in pairs[i:i + n]), []), sum((p[1] for p in pairs[i:i + n]), []))
-        for i in range(0, len(pairs) - n + 1, n)
-    ]
+# ---------------------------------------------------------------------------------- one run
 
 
-def prepare_raw(raw_dir, out_dir, src, tgt, length_split):
-    """Binarize raw text; the test set is the concatenation of named groups, whose line ranges
-    are recorded in ``test_groups.json``."""
-    text_dir = out_dir / "text"
-    text_dir.mkdir(parents=True, exist_ok=True)
-    train, valid, test = (read_pairs(raw_dir, s, src, tgt) for s in ("train", "valid", "test"))
-    if length_split:
-        short = lambda p: max(len(p[0]), len(p[1])) <= length_split  # noqa: E731
-        train, valid = [p for p in train if short(p)], [p for p in valid if short(p)]
-        groups = [
-            (f"test <= {length_split}", [p for p in test if short(p)]),
-            (f"test > {length_split}", [p for p in test if not short(p)]),
-            ("test x2", concatenated(test, 2)),
-            ("test x3", concatenated(test, 3)),
-        ]
-        if not train or not valid:
-            raise ValueError(f"--length-split {length_split} leaves no training or validation pairs")
-    else:
-        groups = [("test", test)]
-    groups = [(name, pairs) for name, pairs in groups if pairs]
-    write_pairs(text_dir / "train", train, src, tgt)
-    write_pairs(text_dir / "valid", valid, src, tgt)
-    write_pairs(text_dir / "test", [p for _, pairs in groups for p in pairs], src, tgt)
-    ranges, start = {}, 0
-    for name, pairs in groups:
-        ranges[name] = [start, start + len(pairs)]
-        start += len(pairs)
-    data_bin = out_dir / "data-bin"
-    if data_bin.exists():
-        shutil.rmtree(data_bin)
-    run(["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt,
-         "--trainpref", text_dir / "train", "--validpref", text_dir / "valid", "--testpref", text_dir / "test",
-         "--destdir", data_bin, "--joined-dictionary", "--workers", "1"], log_path=out_dir / "preprocess.log")
-    (data_bin / GROUPS_FILE).write_text(json.dumps(ranges, indent=1))
-    log(f"binarized {len(train)} train / {len(valid)} valid pairs; test groups "
-        + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
-    return data_bin
-
-
-def quickstart_corpus(out_dir, args):
-    """The synthetic corpus of scripts/generate_corpus.py, punctuation split off as tokens."""
-    raw = out_dir / "corpus"
-    run([sys.executable, REPO / "scripts" / "generate_corpus.py", "--out-dir", raw, "--seed", args.corpus_seed,
-         "--train-size", args.corpus_train_size, "--valid-size", 300, "--test-size", 500,
-         "--src", args.source_lang, "--tgt", args.target_lang])
-    tokenized = out_dir / "corpus-tok"
-    tokenized.mkdir(exist_ok=True)
-    for path in raw.iterdir():
-        lines = path.read_text().splitlines()
-        (tokenized / path.name).write_text("".join(re.sub(r"([.,;:!?])", r" \1 ", l).strip() + "\n" for l in lines))
-    return tokenized
-
-
-# ---------------------------------------------------------------------------------- runs
-
-
-def train_command(args, data_bin, variant, seed, save_dir):
+def run_settings(args, variant, seed):
+    """Everything that decides a run's numbers (the threads per training aside)."""
     family, flags = VARIANTS[variant]
-    save_every = args.save_interval_updates or max(1, args.max_update // (2 * args.average_last))
-    return [
-        "fairseq-train", data_bin, "--user-dir", REPO / "fairseq_rope", "--task", "translation",
-        "--arch", SIZES[args.size][family], *flags,
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", args.lr,
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup_updates, "--warmup-init-lr", "1e-07",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--dropout", args.dropout, "--max-tokens", args.max_tokens, "--max-update", args.max_update,
-        "--seed", seed, "--save-dir", save_dir, "--no-epoch-checkpoints",
-        "--save-interval-updates", save_every, "--keep-interval-updates", args.average_last,
-        "--validate-interval-updates", save_every, "--log-format", "json",
-        "--log-interval", max(1, args.max_update // 20), "--num-workers", "0",
-        *(["--share-all-embeddings"] if args.share_all_embeddings else []),
-        *shlex.split(args.train_args),
-    ]
+    return {"variant": variant, "seed": seed, "arch": SIZES[args.size][family], "flags": flags,
+            "recipe_env": recipe_env(args), "train_args": args.train_args, "generate_args": args.generate_args,
+            "average_last": args.average_last, "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b],
+            "extrapolation_scaling": args.extrapolation_scaling, "data": args.data_source}
 
 
-def parse_train_log(text):
-    valid, wps, epoch_wps, params = [], [], [], None
-    for line in text.splitlines():
-        m = re.search(r"num\. (?:shared )?model params: ([\d,]+)", line)
-        if m:
-            params = int(m.group(1).replace(",", ""))
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        try:
-            record = json.loads(line[brace:])
-        except ValueError:
-            continue
-        if "| valid |" in line and "valid_loss" in record:
-            valid.append((int(float(record["valid_num_updates"])), float(record["valid_loss"]),
-                          float(record.get("valid_nll_loss", "nan"))))
-        elif "| train_inner |" in line and "wps" in record:
-            wps.append(float(record["wps"]))
-        elif "| train |" in line and "train_wps" in record:
-            epoch_wps.append(float(record["train_wps"]))
-    curve = sorted({u: (loss, nll) for u, loss, nll in valid}.items())
-    speeds = wps or epoch_wps
-    return {
-        "valid_curve": [[u, loss, nll] for u, (loss, nll) in curve],
-        "valid_loss": curve[-1][1][0] if curve else float("nan"),
-        "valid_nll_loss": curve[-1][1][1] if curve else float("nan"),
-        "params": params,
-        "tokens_per_second": statistics.fmean(speeds) if speeds else float("nan"),
-    }
+def recipe_env(args):
+    """The knobs of examples/wmt14_en_de/train.sh the comparison sets (all else: its defaults)."""
+    env = {"MAX_UPDATE": args.max_update, "LR": args.lr, "WARMUP_UPDATES": args.warmup_updates,
+           "UPDATE_FREQ": 1, "SAVE_INTERVAL_UPDATES": args.save_interval_updates,
+           "KEEP_INTERVAL_UPDATES": args.average_last,
+           # a progress line every 2 % of the way, at most every 100 updates (the recipe's interval)
+           "LOG_INTERVAL": min(100, max(1, args.max_update // 50)),
+           "NUM_WORKERS": 0}
+    if args.max_tokens:
+        env["MAX_TOKENS"] = args.max_tokens
+    if args.dropout is not None:
+        env["DROPOUT"] = args.dropout
+    return {k: str(v) for k, v in env.items()}
 
 
-def average_last(save_dir, k, output):
+def average_last(save_dir, k, output, log_path):
     """Average the last k update checkpoints with scripts/average_checkpoints.py."""
     found = [p for p in os.listdir(save_dir) if re.match(r"^checkpoint_\d+_\d+\.pt$", p)]
     n = min(k, len(found))
     if n == 0:
         shutil.copy(save_dir / "checkpoint_last.pt", output)
         return 1
-    run([sys.executable, REPO / "scripts" / "average_checkpoints.py", "--inputs", save_dir,
-         "--num-update-checkpoints", n, "--output", output])
+    run_logged([sys.executable, REPO / "scripts" / "average_checkpoints.py", "--inputs", save_dir,
+                "--num-update-checkpoints", n, "--output", output], log_path)
     return n
 
 
-def decode(args, data_bin, checkpoint, subset, log_path, overrides=None):
-    """Beam search on ``subset``; returns {id: (source tokens, hypothesis, reference)}."""
-    cmd = ["fairseq-generate", data_bin, "--user-dir", REPO / "fairseq_rope", "--path", checkpoint,
-           "--gen-subset", subset, "--beam", args.beam, "--lenpen", args.lenpen,
-           "--max-len-a", args.max_len_a, "--max-len-b", args.max_len_b,
-           "--batch-size", args.batch_size, "--num-workers", "0",
-           # fairseq 0.12's batch_by_size leaves out a final partial batch (n mod 8 sentences);
-           # fairseq_rope restores it, and a multiple of 1 has no partial batch at all
-           "--required-batch-size-multiple", "1", *shlex.split(args.generate_args)]
-    if overrides:
-        cmd += ["--model-overrides", repr(overrides)]
-    out = run(cmd, log_path=log_path)
-    rows = {}
-    for line in out.splitlines():
-        kind, _, rest = line.partition("-")
-        if kind not in ("S", "T", "H") or "\t" not in rest:
-            continue
-        fields = rest.split("\t")
-        if not fields[0].isdigit():
-            continue
-        entry = rows.setdefault(int(fields[0]), {})
-        entry[kind] = fields[-1]
-    return {i: (r.get("S", ""), r.get("H", ""), r.get("T", "")) for i, r in rows.items()}
-
-
-def bleu(pairs):
-    import sacrebleu
-
-    if not pairs:
-        return float("nan")
-    hyps, refs = zip(*pairs)
-    return sacrebleu.corpus_bleu(list(hyps), [list(refs)], tokenize="none", force=True).score
-
-
-def score(outputs, groups, buckets):
-    by_group = {}
-    for name, (start, end) in groups.items():
-        by_group[name] = bleu([(h, r) for i, (s, h, r) in outputs.items() if start <= i < end])
-    edges = [0, *buckets, math.inf]
-    by_length = {}
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        label = f"{lo + 1}-{hi}" if hi != math.inf else f">{lo}"
-        pairs = [(h, r) for s, h, r in outputs.values() if lo < len(s.split()) <= hi]
-        by_length[label] = {"bleu": bleu(pairs), "sentences": len(pairs)}
-    return {"bleu": by_group, "bleu_by_length": by_length}
-
-
-def run_one(args, data_bin, groups, variant, seed):
-    run_dir = args.out_dir / "runs" / variant / f"seed{seed}"
-    result_file = run_dir / "result.json"
-    if result_file.exists() and not args.overwrite:
-        log(f"{variant} seed {seed}: done before, reusing {result_file}")
-        return json.loads(result_file.read_text())
-    save_dir = run_dir / "checkpoints"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    save_dir.mkdir(parents=True)
-    log(f"{variant} seed {seed}: training ({args.max_update} updates)")
-    started = time.time()
-    train_log = run(train_command(args, data_bin, variant, seed, save_dir), log_path=run_dir / "train.log",
-                    env_extra={"OMP_NUM_THREADS": str(args.threads)})
-    result = {"variant": variant, "seed": seed, "train_seconds": time.time() - started, **parse_train_log(train_log)}
-    averaged = run_dir / "averaged.pt"
-    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, averaged)
+def extra_decodes(args, variant):
+    """{row suffix: --model-overrides} of the decodes of a variant: the plain one, and RoPE
+    frequency scalings."""
     decodes = {"": None}
     if VARIANTS[variant][0] == "transformer_rope":
         for spec in args.extrapolation_scaling:
@@ -313,154 +206,205 @@ def run_one(args, data_bin, groups, variant, seed):
             if method == "yarn":
                 overrides["rope_scaling_original_length"] = int(args.length_split or args.yarn_original_length)
             decodes[f"+{method}x{float(factor):g}"] = overrides
-    result["decodes"] = {}
-    for suffix, overrides in decodes.items():
-        outputs = decode(args, data_bin, averaged, args.gen_subset, run_dir / f"generate{suffix}.log", overrides)
-        expected = max(end for _, end in groups.values())
-        if expected < 10 ** 12 and len(outputs) != expected:
-            raise RuntimeError(f"fairseq-generate translated {len(outputs)} of {expected} test sentences "
-                               f"(see {run_dir / f'generate{suffix}.log'})")
-        result["decodes"][suffix] = score(outputs, groups, args.length_buckets)
-    if not args.keep_checkpoints:
-        shutil.rmtree(save_dir)
-    result_file.write_text(json.dumps(result, indent=1))
-    main_bleu = result["decodes"][""]["bleu"]
-    log(f"{variant} seed {seed}: BLEU " + ", ".join(f"{k} {v:.2f}" for k, v in main_bleu.items()))
-    return result
+    return decodes
 
 
-# ---------------------------------------------------------------------------------- report
-
-
-def mean_spread(values):
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else float("nan"))
-
-
-def fmt(mean, spread, digits=2):
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.{digits}f}" + ("" if math.isnan(spread) else f" ± {spread:.{digits}f}")
-
-
-def rows_of(results):
-    """(row name, variant, decode suffix) for every variant and extra decode, in order."""
-    rows = []
-    for variant, runs in results.items():
-        for suffix in runs[0]["decodes"]:
-            rows.append((variant + suffix, variant, suffix))
+def decode(args, data, checkpoint, overrides, log_path, name, slot):
+    """Beam search on ``--gen-subset``: [(source, hypothesis, reference)] in test-set order,
+    tokenized, subwords removed."""
+    expected = max(end or 0 for _, end in data.groups.values())  # 0: a --data-bin subset of unknown size
+    decoding = Decoding(name, expected)
+    cmd = ["fairseq-generate", data.data_bin, "--user-dir", REPO / "fairseq_rope", "--path", checkpoint,
+           "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--gen-subset", args.gen_subset,
+           "--beam", args.beam, "--lenpen", args.lenpen, "--max-len-a", args.max_len_a, "--max-len-b", args.max_len_b,
+           "--batch-size", args.batch_size, "--num-workers", "0",
+           # fairseq 0.12's batch_by_size leaves out a final partial batch (n mod 8 sentences);
+           # fairseq_rope restores it, and a multiple of 1 has no partial batch at all
+           "--required-batch-size-multiple", "1", *data.generate_args, *args.generate_args]
+    if overrides:
+        cmd += ["--model-overrides", repr(overrides)]
+    run_logged(cmd, log_path, env=slot, on_line=decoding)
+    rows = decoding.in_order()
+    if expected and len(rows) != expected:
+        raise CommandFailed(f"fairseq-generate translated {len(rows)} of {expected} test sentences (see {log_path})")
     return rows
 
 
-def write_report(args, results, groups):
-    lines = [
-        "# Position encodings compared",
-        "",
-        f"Architecture size `{args.size}`, {args.max_update} updates, max tokens {args.max_tokens}, "
-        f"lr {args.lr}, seeds {', '.join(map(str, args.seeds))}; average of the last "
-        f"{args.average_last} update checkpoints; beam {args.beam}, length penalty {args.lenpen}, "
-        f"at most {args.max_len_a:g} x source + {args.max_len_b} output tokens. "
-        "BLEU: sacreBLEU on the tokenized text (`tokenize=none`), mean ± sample standard deviation over "
-        "seeds. Validation loss: label-smoothed cross-entropy (base 2) at the last validation.",
-        "",
-    ]
-    group_names = list(groups)
-    header = ["variant", *(f"BLEU {g}" for g in group_names), "valid loss", "params", "train tokens/s"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row, variant, suffix in rows_of(results):
-        runs = results[variant]
-        cells = [f"`{row}`"]
-        for g in group_names:
-            cells.append(fmt(*mean_spread([r["decodes"][suffix]["bleu"][g] for r in runs])))
-        if suffix:
-            cells += ["(same model)", "", ""]
-        else:
-            cells.append(fmt(*mean_spread([r["valid_loss"] for r in runs]), digits=3))
-            params = runs[0]["params"]
-            cells.append(f"{params:,}" if params else "n/a")
-            cells.append(fmt(*mean_spread([r["tokens_per_second"] for r in runs]), digits=0))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "BLEU by source length (tokens), all test groups together:", ""]
-    buckets = list(next(iter(results.values()))[0]["decodes"][""]["bleu_by_length"])
-    lines += ["| variant | " + " | ".join(buckets) + " |", "|" + "---|" * (len(buckets) + 1)]
-    for row, variant, suffix in rows_of(results):
-        cells = [fmt(*mean_spread([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]]))
-                 for b in buckets]
-        lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
-    counts = next(iter(results.values()))[0]["decodes"][""]["bleu_by_length"]
-    lines += ["| sentences | " + " | ".join(str(counts[b]["sentences"]) for b in buckets) + " |", ""]
-    lines += ["![validation loss](valid_loss.png)", "", "![BLEU by source length](bleu_by_length.png)", ""]
-    (args.out_dir / "results.md").write_text("\n".join(lines))
+def score_decode(args, data, rows, refs_tok, refs_raw):
+    """Scores of one decode per test group and tokenized BLEU by source length."""
+    hyps = [h for _, h, _ in rows]
+    detok = score_bleu.moses_detokenize(hyps, args.target_lang)
+    scores = {"sentences": len(rows), "bleu": {}, "sacrebleu": {}, "chrf": {}}
+    for group, (start, end) in data.groups.items():
+        end = len(rows) if end is None else end
+        result, _ = score_bleu.score_all(hyps[start:end], refs_tok[start:end], refs_raw[start:end],
+                                         args.target_lang, detok_hyps=detok[start:end])
+        scores["bleu"][group] = result["tokenized_bleu_compound_split"]["score"]
+        scores["sacrebleu"][group] = result["sacrebleu"]["score"]
+        scores["chrf"][group] = result["chrf++"]["score"]
+        scores["signatures"] = {"sacrebleu": result["sacrebleu"]["signature"], "chrf": result["chrf++"]["signature"]}
+    edges = [0, *args.length_buckets, math.inf]
+    scores["bleu_by_length"] = {}
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        label = f"{lo + 1}-{hi}" if hi != math.inf else f">{lo}"
+        picked = [i for i, (s, _, _) in enumerate(rows) if lo < len(s.split()) <= hi]
+        bleu = score_bleu.tokenized_bleu([hyps[i] for i in picked], [refs_tok[i] for i in picked])[0].score \
+            if picked else math.nan
+        scores["bleu_by_length"][label] = {"bleu": bleu, "sentences": len(picked)}
+    return scores, detok
 
 
-def plot(args, results):
-    import matplotlib
+def run_one(args, data, variant, seed, slot):
+    """Train, average, decode and score one variant with one seed; ``slot``: the environment of
+    the CPU threads or GPU this run may use."""
+    name = f"{variant} seed {seed}"
+    run_dir = args.out_dir / "runs" / variant / f"seed{seed}"
+    result_file = run_dir / "result.json"
+    settings = run_settings(args, variant, seed)
+    if result_file.exists() and not args.overwrite:
+        result = json.loads(result_file.read_text())
+        if result.get("format") == RESULT_FORMAT and result.get("settings") == settings:
+            log(f"{name}: done before, reusing {result_file}")
+            return result
+        log(f"{name}: {result_file} was made by other settings or an older harness; running it again")
+    save_dir = run_dir / "checkpoints"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    save_dir.mkdir(parents=True)
+    flags = VARIANTS[variant][1]
+    env = {**slot, **recipe_env(args), "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
+           "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(seed),
+           "LOG_FILE": os.devnull}  # train.sh would tee into a log of its own; train.log is ours
+    log(f"{name}: training {settings['arch']} {' '.join(flags)} for {args.max_update} updates "
+        f"(log: {run_dir / 'train.log'})")
+    started = time.time()
+    # through env(1), so that train.log's first line is the complete command to rerun it by hand
+    run_logged(["env", *(f"{k}={v}" for k, v in env.items()), "bash", TRAIN_SH, *flags, *args.train_args],
+               run_dir / "train.log", name="train.sh", on_line=TrainingProgress(name, args.max_update))
+    with open(run_dir / "train.log", encoding="utf-8", errors="replace") as f:
+        result = {"format": RESULT_FORMAT, "settings": settings, "variant": variant, "seed": seed,
+                  "train_seconds": time.time() - started, **parse_train_log(f)}
+    averaged = run_dir / "averaged.pt"
+    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, averaged, run_dir / "average.log")
+    result["decodes"] = {}
+    for suffix, overrides in extra_decodes(args, variant).items():
+        rows = decode(args, data, averaged, overrides, run_dir / f"generate{suffix}.log",
+                      f"{name}: decoding {args.gen_subset}{suffix}", slot)
+        refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]
+        refs_raw = data.refs_raw if data.refs_raw is not None else score_bleu.moses_detokenize(refs_tok, args.target_lang)
+        result["decodes"][suffix], detok = score_decode(args, data, rows, refs_tok, refs_raw)
+        write_lines_atomically(run_dir / f"hyp{suffix}.tok.txt", (h for _, h, _ in rows))
+        write_lines_atomically(run_dir / f"hyp{suffix}.detok.txt", detok)
+        if data.refs_tok is None:
+            write_lines_atomically(run_dir / "ref.tok.txt", refs_tok)
+    if not args.keep_checkpoints:
+        shutil.rmtree(save_dir)
+    write_text_atomically(result_file, json.dumps(result, indent=1))
+    main_bleu = result["decodes"][""]["bleu"]
+    log(f"{name}: done in {duration(time.time() - started)}; tok BLEU "
+        + ", ".join(f"{k} {v:.2f}" for k, v in main_bleu.items()))
+    return result
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, runs in results.items():
-        curves = [dict((u, loss) for u, loss, _ in r["valid_curve"]) for r in runs]
-        updates = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-        if updates:
-            ax.plot(updates, [statistics.fmean(c[u] for c in curves) for u in updates], marker="o", ms=3, label=variant)
-    ax.set_xlabel("update")
-    ax.set_ylabel("validation loss (base 2)")
-    ax.set_title(f"Validation loss, mean over {len(args.seeds)} seed(s)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out_dir / "valid_loss.png", dpi=120)
-    plt.close(fig)
+# ---------------------------------------------------------------------------------- devices
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row, variant, suffix in rows_of(results):
-        buckets = list(results[variant][0]["decodes"][suffix]["bleu_by_length"])
-        values = [mean_spread([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]])[0]
-                  for b in buckets]
-        ax.plot(range(len(buckets)), values, marker="o", label=row, linestyle="--" if suffix else "-")
-    ax.set_xticks(range(len(buckets)))
-    ax.set_xticklabels(buckets)
-    ax.set_xlabel("source length (tokens)")
-    ax.set_ylabel("BLEU")
-    ax.set_title("BLEU by source length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out_dir / "bleu_by_length.png", dpi=120)
-    plt.close(fig)
+
+def visible_gpus():
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs torch can use here ([] on a CPU machine)."""
+    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidiactl"):
+        return []  # no NVIDIA driver: spare the seconds of importing torch to ask
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True)
+    count = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return (listed or [str(i) for i in range(count)])[:count]
+
+
+def job_slots(jobs, threads, gpus):
+    """The environment of each of ``jobs`` concurrent runs: a GPU each while there are GPUs
+    (then at most one run per GPU), else CPU threads only."""
+    threads = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if gpus:
+        return [{**threads, "CUDA_VISIBLE_DEVICES": gpu, "GPUS": "1", "CPU": "0"} for gpu in gpus[:jobs]]
+    return [{**threads, "CUDA_VISIBLE_DEVICES": "", "GPUS": "0", "CPU": "1"} for _ in range(jobs)]
+
+
+def run_all(args, data):
+    """{variant: [result per seed]}, ``--jobs`` runs at a time."""
+    slots = queue.Queue()
+    planned = job_slots(args.jobs, args.threads, visible_gpus())
+    for slot in planned:
+        slots.put(slot)
+    log(f"{len(args.variants) * len(args.seeds)} runs, {len(planned)} at a time, "
+        f"{args.threads} CPU thread(s) each" + (", a GPU each" if planned[0]["GPUS"] == "1" else ""))
+
+    def run(variant, seed):
+        slot = slots.get()
+        try:
+            return run_one(args, data, variant, seed, slot)
+        finally:
+            slots.put(slot)
+
+    tasks = [(v, s) for v in args.variants for s in args.seeds]
+    with ThreadPoolExecutor(max_workers=len(planned)) as pool:
+        futures = {task: pool.submit(run, *task) for task in tasks}
+        try:
+            done = {task: future.result() for task, future in futures.items()}
+        except BaseException as e:
+            for future in futures.values():
+                future.cancel()
+            if isinstance(e, Exception):
+                log("a run failed: the runs in progress finish first (a rerun reuses them)")
+            else:  # interrupted: stop what runs
+                terminate_running()
+            raise
+    return {v: [done[(v, s)] for s in args.seeds] for v in args.variants}
 
 
 # ---------------------------------------------------------------------------------- main
+
+
+def attach_pass_through_values(argv):
+    """``--generate-args --remove-bpe`` -> ``--generate-args=--remove-bpe``: argparse takes a
+    value that starts with ``--`` for an option of its own and stops with 'expected one argument'."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in PASS_THROUGH and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     data = p.add_mutually_exclusive_group(required=True)
-    data.add_argument("--data-bin", type=Path, help="existing fairseq data-bin")
+    data.add_argument("--prepared-dir", type=Path, metavar="WORK_DIR", help="a corpus prepared by prepare.sh")
+    data.add_argument("--quickstart-corpus", action="store_true", help="generate the synthetic corpus and prepare it")
     data.add_argument("--raw-dir", type=Path, help="whitespace-tokenized {train,valid,test}.{SRC,TGT}")
-    data.add_argument("--quickstart-corpus", action="store_true", help="generate the synthetic corpus")
+    data.add_argument("--data-bin", type=Path, help="an existing fairseq data-bin (joined dictionary)")
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--source-lang", default="en")
     p.add_argument("--target-lang", default="de")
-    p.add_argument("--corpus-train-size", type=int, default=20000)
+    p.add_argument("--corpus-train-size", type=int, default=20000, help="--quickstart-corpus training pairs")
     p.add_argument("--corpus-seed", type=int, default=1)
+    p.add_argument("--corpus-bpe-size", type=int, default=2000, help="--quickstart-corpus BPE merges")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--baseline", default="sinusoidal", choices=list(VARIANTS),
+                   help="the variant every other one is tested against (default sinusoidal)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--size", choices=list(SIZES), default="tiny", help="architecture size of every variant")
     p.add_argument("--max-update", type=int, default=2000)
-    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per batch (default: the recipe's)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-updates", type=int, default=None, help="default: max-update / 10")
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--share-all-embeddings", action=argparse.BooleanOptionalAction, default=None,
-                   help="default: on when the data is binarized here (joined dictionary)")
-    p.add_argument("--train-args", default="", help="extra fairseq-train arguments, the same for every variant")
-    p.add_argument("--generate-args", default="", help="extra fairseq-generate arguments (e.g. --remove-bpe)")
+    p.add_argument("--dropout", type=float, default=None, help="default: the recipe's")
+    p.add_argument("--train-args", action="append", default=[], metavar="ARGS",
+                   help="extra fairseq-train arguments, the same for every variant (e.g. --train-args --report-accuracy)")
+    p.add_argument("--generate-args", action="append", default=[], metavar="ARGS",
+                   help="extra fairseq-generate arguments (e.g. --generate-args --remove-bpe)")
     p.add_argument("--save-interval-updates", type=int, default=None,
                    help="checkpoint (and validation) interval; default: max-update / (2 x average-last)")
     p.add_argument("--average-last", type=int, default=5, help="average this many last update checkpoints")
@@ -471,55 +415,58 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--gen-subset", default="test")
     p.add_argument("--length-split", type=int, default=None, metavar="L",
-                   help="train on pairs of at most L tokens; test on longer and concatenated ones (raw data only)")
+                   help="train on pairs of at most L words; test on longer and concatenated ones (not with --data-bin)")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
                    help="also decode RoPE variants with --rope-scaling METHOD (linear, ntk, yarn) and this factor")
     p.add_argument("--yarn-original-length", type=int, default=64,
                    help="training length for yarn without --length-split")
     p.add_argument("--length-buckets", type=int, nargs="+", default=[10, 20, 30, 40],
                    help="upper edges of the source-length buckets")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each training")
+    p.add_argument("--jobs", type=int, default=1, help="trainings at once (at most one per GPU)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of each run (default: cores / jobs)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep the per-update checkpoints")
     p.add_argument("--overwrite", action="store_true", help="rerun runs that already have a result")
-    args = p.parse_args(argv)
+    args = p.parse_args(attach_pass_through_values(list(sys.argv[1:] if argv is None else argv)))
+    args.train_args = [a for value in args.train_args for a in shlex.split(value)]
+    args.generate_args = [a for value in args.generate_args for a in shlex.split(value)]
     if args.length_split and args.data_bin:
-        p.error("--length-split needs raw text (--raw-dir or --quickstart-corpus)")
+        p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
     for spec in args.extrapolation_scaling:
         method, _, factor = spec.partition(":")
         if method not in ("linear", "ntk", "yarn") or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
             p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD linear, ntk or yarn; got {spec!r}")
+    if args.baseline not in args.variants:
+        p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
+                "or name one of them with --baseline")
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        p.error("--jobs and --threads must be at least 1")
+    if args.threads is None:
+        args.threads = max(1, len(os.sched_getaffinity(0)) // args.jobs)
     if args.warmup_updates is None:
         args.warmup_updates = max(1, args.max_update // 10)
-    if args.share_all_embeddings is None:
-        args.share_all_embeddings = args.data_bin is None
+    if args.save_interval_updates is None:
+        args.save_interval_updates = max(1, args.max_update // (2 * args.average_last))
+    args.variants = [args.baseline] + [v for v in dict.fromkeys(args.variants) if v != args.baseline]
+    source = next((k, getattr(args, k)) for k in ("prepared_dir", "raw_dir", "data_bin", "quickstart_corpus")
+                  if getattr(args, k))
+    args.data_source = {"source": source[0], "path": str(source[1]), "length_split": args.length_split,
+                        **({"corpus": [args.corpus_seed, args.corpus_train_size, args.corpus_bpe_size]}
+                           if args.quickstart_corpus else {})}
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
+    args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if args.data_bin:
-        data_bin = args.data_bin.resolve()
-        groups_file = data_bin / GROUPS_FILE
-        groups = json.loads(groups_file.read_text()) if groups_file.exists() and args.gen_subset == "test" else None
-    else:
-        raw = quickstart_corpus(args.out_dir, args) if args.quickstart_corpus else args.raw_dir
-        try:
-            data_bin = prepare_raw(raw, args.out_dir, args.source_lang, args.target_lang, args.length_split)
-        except InputError as e:
-            sys.exit(f"error: {e}")
-        groups = json.loads((data_bin / GROUPS_FILE).read_text())
-    if groups is None:
-        groups = {args.gen_subset: [0, 10 ** 12]}
-    results = {}
-    for variant in args.variants:
-        results[variant] = [run_one(args, data_bin, groups, variant, seed) for seed in args.seeds]
-    (args.out_dir / "results.json").write_text(json.dumps(
-        {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-         "groups": groups, "results": results}, indent=1))
-    write_report(args, results, groups)
-    plot(args, results)
-    log(f"wrote {args.out_dir / 'results.md'}")
+    try:
+        data = compare_data.prepare(args, log)
+        results = run_all(args, data)
+        report = compare_report.build(args, data, results)
+    except (InputError, CommandFailed) as e:
+        sys.exit(f"error: {e}")
+    compare_report.write(args, report)
+    log(f"wrote {args.out_dir / 'results.md'}, results.json and the plots")
     print((args.out_dir / "results.md").read_text())
 
 

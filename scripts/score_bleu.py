@@ -11,6 +11,7 @@
 2. **sacreBLEU** on detokenized text: the tokenized hypotheses are detokenized with the Moses
    detokenizer (sacremoses) and scored against the raw, untokenized reference with sacreBLEU's
    default 13a tokenizer; the signature is reported with the score.
+3. **chrF++** (sacreBLEU's chrF with word bigrams) on the same detokenized text, with its signature.
 
     python scripts/score_bleu.py --hyp hyp.tok.de --ref test.tok.de --raw-ref test.de --lang de \\
         --out-json scores.json --detok-out hyp.detok.de
@@ -24,10 +25,11 @@ import os
 import re
 import sys
 
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import text_lines  # noqa: E402
+from common import write_lines_atomically, write_text_atomically  # noqa: E402
 from text_lines import InputError  # noqa: E402
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
@@ -61,15 +63,35 @@ def moses_detokenize(lines, lang):
     return [detok.detokenize(line.split()) for line in lines]
 
 
+# The metrics as sacreBLEU objects, for scoring and for sacreBLEU's significance tests
+# (scripts/significance.py): tokenized BLEU takes compound-split lines, the others detokenized ones.
+def tokenized_bleu_metric():
+    """multi-bleu.perl: BLEU on whitespace tokens, no smoothing."""
+    return BLEU(tokenize="none", smooth_method="none", force=True)
+
+
+def sacrebleu_metric():
+    return BLEU()
+
+
+def chrf_pp_metric():
+    return CHRF(word_order=2)
+
+
 def tokenized_bleu(hyps, refs):
     """Compound-split tokenized BLEU (multi-bleu.perl on ``##AT##``-split tokens)."""
-    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    bleu = tokenized_bleu_metric()
     return bleu.corpus_score([compound_split(h) for h in hyps], [[compound_split(r) for r in refs]]), bleu
 
 
 def sacre_bleu(detok_hyps, raw_refs):
-    bleu = BLEU()
+    bleu = sacrebleu_metric()
     return bleu.corpus_score(detok_hyps, [raw_refs]), bleu
+
+
+def chrf_pp(detok_hyps, raw_refs):
+    chrf = chrf_pp_metric()
+    return chrf.corpus_score(detok_hyps, [raw_refs]), chrf
 
 
 def _summary(score):
@@ -80,6 +102,25 @@ def _summary(score):
         "sys_len": score.sys_len,
         "ref_len": score.ref_len,
     }
+
+
+def score_all(hyps, refs, raw_refs=None, lang="de", detok_hyps=None):
+    """The scores of tokenized hypotheses ``hyps`` against the tokenized references ``refs``:
+    ``{"tokenized_bleu_compound_split": {...}}``, and with untokenized references ``raw_refs``
+    also ``"sacrebleu"`` and ``"chrf++"`` (each with its signature) of the Moses-detokenized
+    hypotheses (``detok_hyps`` when already at hand). Returns (scores, detokenized hypotheses or
+    None); all lists are in the same order and of the same length."""
+    tok_score, _ = tokenized_bleu(hyps, refs)
+    result = {"tokenized_bleu_compound_split": _summary(tok_score)}
+    if raw_refs is None:
+        return result, None
+    if detok_hyps is None:
+        detok_hyps = moses_detokenize(hyps, lang)
+    sb_score, sb = sacre_bleu(detok_hyps, raw_refs)
+    result["sacrebleu"] = dict(_summary(sb_score), signature=str(sb.get_signature()))
+    chrf_score, chrf = chrf_pp(detok_hyps, raw_refs)
+    result["chrf++"] = {"score": round(chrf_score.score, 2), "signature": str(chrf.get_signature())}
+    return result, detok_hyps
 
 
 def _check_same_length(a, b, name_a, name_b):
@@ -104,30 +145,23 @@ def main(argv=None):
         sys.exit(f"error: {args.hyp} and {args.ref} are empty: there is nothing to score")
     if args.tokenize:
         hyps, refs = moses_tokenize(hyps, args.lang), moses_tokenize(refs, args.lang)
-    tok_score, _ = tokenized_bleu(hyps, refs)
-    result = {"tokenized_bleu_compound_split": _summary(tok_score)}
-    print(f"Tokenized BLEU (compound split): {tok_score.score:.2f}  "
-          f"({'/'.join(f'{p:.1f}' for p in tok_score.precisions)}, BP={tok_score.bp:.3f}, "
-          f"hyp_len={tok_score.sys_len}, ref_len={tok_score.ref_len})")
-
+    raw_refs = None
     if args.raw_ref:
         raw_refs = read_lines(args.raw_ref)
         _check_same_length(hyps, raw_refs, args.hyp, args.raw_ref)
-        detok = moses_detokenize(hyps, args.lang)
+    result, detok = score_all(hyps, refs, raw_refs, args.lang)
+    tok = result["tokenized_bleu_compound_split"]
+    print(f"Tokenized BLEU (compound split): {tok['score']:.2f}  "
+          f"({'/'.join(f'{p:.1f}' for p in tok['precisions'])}, BP={tok['bp']:.3f}, "
+          f"hyp_len={tok['sys_len']}, ref_len={tok['ref_len']})")
+    if raw_refs is not None:
         if args.detok_out:
-            with open(args.detok_out + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(line + "\n" for line in detok)
-            os.replace(args.detok_out + ".tmp", args.detok_out)
-        sb_score, sb = sacre_bleu(detok, raw_refs)
-        signature = str(sb.get_signature())
-        result["sacrebleu"] = dict(_summary(sb_score), signature=signature)
-        print(f"sacreBLEU: {sb_score.score:.2f}  signature: {signature}")
+            write_lines_atomically(args.detok_out, detok)
+        print(f"sacreBLEU: {result['sacrebleu']['score']:.2f}  signature: {result['sacrebleu']['signature']}")
+        print(f"chrF++: {result['chrf++']['score']:.2f}  signature: {result['chrf++']['signature']}")
 
     if args.out_json:
-        with open(args.out_json + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        os.replace(args.out_json + ".tmp", args.out_json)
+        write_text_atomically(args.out_json, json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -1,8 +1,12 @@
-"""scripts/compare_position_encodings.py end to end on a tiny budget: length split, training,
-checkpoint averaging, decoding (also with RoPE scaling overrides), table, plots, resume."""
+"""scripts/compare_position_encodings.py end to end on a tiny budget: length split, training
+through the recipe's train.sh with live progress, checkpoint averaging, decoding (also with RoPE
+scaling overrides), scores with confidence intervals and paired bootstrap tests, table, plots,
+resume, --jobs, --prepared-dir; and the helpers it shares (scripts/common.py,
+scripts/significance.py)."""
 
 import importlib.util
 import json
+import re
 import sys
 import time
 
@@ -10,21 +14,45 @@ import pytest
 
 from conftest import REPO, run_cli
 
-SCRIPT = REPO / "scripts" / "compare_position_encodings.py"
+SCRIPTS = REPO / "scripts"
+SCRIPT = SCRIPTS / "compare_position_encodings.py"
+sys.path.insert(0, str(SCRIPTS))
 spec = importlib.util.spec_from_file_location("compare_position_encodings", SCRIPT)
 harness = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(harness)
+import common  # noqa: E402
+import significance  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
+TINY_RUN = ["--seeds", "1", "--max-update", "4", "--max-tokens", "600", "--average-last", "2",
+            "--save-interval-updates", "2", "--batch-size", "100", "--threads", "1"]
+
+
+def _scores(out, seed):
+    """The numbers of results.json for one seed that must not depend on how runs were scheduled."""
+    report = json.loads((out / "results.json").read_text())
+    runs = {v: [{k: r[k] for k in ("valid_curve", "params", "decodes")} for r in rs if r["seed"] == seed]
+            for v, rs in report["results"].items()}
+    return runs, {group: tests[str(seed)] for group, tests in report["significance"].items()}
 
 
 def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     out = tmp_path / "compare"
     args = [sys.executable, SCRIPT, "--raw-dir", tiny_data_bin, "--out-dir", out,
-            "--variants", "rope", "sinusoidal", "--seeds", "1", "--max-update", "4", "--max-tokens", "600",
-            "--average-last", "2", "--save-interval-updates", "2", "--length-split", "6",
-            "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3", "--batch-size", "100"]
-    run_cli(args, timeout=300)
+            "--variants", "rope", "sinusoidal", *TINY_RUN, "--length-split", "6",
+            "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3",
+            # single options as values, the documented way
+            "--generate-args", "--remove-bpe", "--train-args", "--report-accuracy"]
+    proc = run_cli(args, timeout=400)
+
+    # live progress: a line per logged interval (update, train loss, valid loss, time) before the
+    # run's end, and the decoding's progress
+    lines = proc.stdout.splitlines()
+    progress = [i for i, line in enumerate(lines)
+                if re.search(r"rope seed 1: update 2/4 \| train loss \d+\.\d+ \| valid loss [-\d.]+ \| \d+m\d\ds elapsed, ETA", line)]
+    finished = [i for i, line in enumerate(lines) if "rope seed 1: done in" in line]
+    assert progress and finished and progress[0] < finished[0], proc.stdout
+    assert any(re.search(r"rope seed 1: decoding test\+yarnx3: \d+/\d+ sentences", line) for line in lines)
 
     # the length split: training pairs are short, test groups are what their names say
     lengths = lambda path: [len(line.split()) for line in path.read_text().splitlines()]  # noqa: E731
@@ -49,15 +77,31 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     # neither adds parameters for positions: same count, read from the training logs
     assert rope["params"] == sinusoidal["params"] > 0
     assert set(rope["decodes"]) == {"", "+yarnx3"} and set(sinusoidal["decodes"]) == {""}
-    generate_log = (out / "runs" / "rope" / "seed1" / "generate+yarnx3.log").read_text()
+    run_dir = out / "runs" / "rope" / "seed1"
+    generate_log = (run_dir / "generate+yarnx3.log").read_text()
     assert "rope_scaling" in generate_log.splitlines()[0]  # the override reached fairseq-generate
-    assert not (out / "runs" / "rope" / "seed1" / "checkpoints").exists()
+    assert " --remove-bpe " in generate_log.splitlines()[0]
+    # the recipe trained it: train.sh's command (with its knobs) heads the log, and the extra
+    # option reached fairseq-train (--report-accuracy logs an accuracy)
+    train_log = (run_dir / "train.log").read_text()
+    assert "MAX_UPDATE=4" in train_log.splitlines()[0] and "train.sh --report-accuracy" in train_log.splitlines()[0]
+    assert re.search(r"train_inner .*accuracy=", train_log)
+    assert not (run_dir / "checkpoints").exists()
 
     table = (out / "results.md").read_text()
-    for row in ("`rope`", "`rope+yarnx3`", "`sinusoidal`", "BLEU test x3", "train tokens/s"):
+    for row in ("`rope`", "`rope+yarnx3`", "`sinusoidal`", "## test x3", "train tokens/s", "tok BLEU", "chrF++",
+                "against `sinusoidal`"):
         assert row in table
     for png in ("valid_loss.png", "bleu_by_length.png"):
         assert (out / png).read_bytes()[:8] == PNG
+    report = json.loads((out / "results.json").read_text())
+    assert report["baseline"] == "sinusoidal" and report["significance_signatures"]["tok_bleu"].startswith("nrefs:1")
+    for group in groups:
+        tested = report["significance"][group]["1"]
+        assert tested["sinusoidal"]["tok_bleu"]["p"] is None
+        assert 0 < tested["rope+yarnx3"]["chrf"]["p"] <= 1 and tested["rope"]["sacrebleu"]["ci"] >= 0
+        assert report["summary"][group]["rope"]["bleu"]["per_seed"] == [rope["decodes"][""]["bleu"][group]]
+    assert not list(out.rglob("*.tmp"))
 
     # a second call reuses finished runs instead of training again
     started = time.time()
@@ -77,22 +121,141 @@ def test_parse_train_log_and_concatenation():
     parsed = harness.parse_train_log(log)
     assert parsed["params"] == 1234 and parsed["tokens_per_second"] == 200
     assert parsed["valid_curve"] == [[2, 7.5, 7.0], [4, 6.5, 6.0]] and parsed["valid_loss"] == 6.5
-    pairs = [(["a"], ["A"]), (["b"], ["B"]), (["c"], ["C"]), (["d"], ["D"]), (["e"], ["E"])]
-    assert harness.concatenated(pairs, 2) == [(["a", "b"], ["A", "B"]), (["c", "d"], ["C", "D"])]
+    rows = [("a", "A"), ("b", "B"), ("c", "C"), ("d", "D"), ("e", "E")]
+    assert harness.concatenated(rows, 2) == [("a b", "A B"), ("c d", "C D")]
+
+
+def test_parse_train_log_simple_format():
+    """The recipe's --log-format simple, as fairseq 0.12 writes it; other subsets do not count."""
+    log = [
+        "2026-01-01 | INFO | fairseq_cli.train | num. shared model params: 9,876 (num. trained: 9,876)",
+        "2026-01-01 | INFO | train_inner | epoch 001:     25 / 164 loss=9.648, nll_loss=9.529, ppl=738.7, "
+        "wps=1352.7, ups=0.37, wpb=3658.2, bsz=236.2, num_updates=25, lr=0.000333417, gnorm=4.524, train_wall=67, wall=70",
+        "2026-01-01 | INFO | train_inner | epoch 001:     50 / 164 loss=7.984, nll_loss=7.689, ppl=206.34, "
+        "wps=1000.3, ups=0.33, wpb=3627.2, bsz=160, num_updates=50, lr=0.000666733, gnorm=0.94, train_wall=75, wall=145",
+        "2026-01-01 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 7.25 | ppl 152 | "
+        "wps 3000 | wpb 1000 | bsz 50 | num_updates 50",
+        "2026-01-01 | INFO | valid | epoch 001 | valid on 'test' subset | loss 1.5 | nll_loss 1.2 | num_updates 50",
+        "2026-01-01 | INFO | train | epoch 001 | loss 8.5 | nll_loss 8.3 | wps 900 | num_updates 164 | train_wall 200",
+    ]
+    assert common.parse_train_line(log[1]) == ("train_inner", pytest.approx(
+        {"loss": 9.648, "nll_loss": 9.529, "ppl": 738.7, "wps": 1352.7, "ups": 0.37, "wpb": 3658.2, "bsz": 236.2,
+         "num_updates": 25, "lr": 0.000333417, "gnorm": 4.524, "train_wall": 67, "wall": 70}))
+    parsed = common.parse_train_log(log)
+    assert parsed["params"] == 9876 and parsed["tokens_per_second"] == pytest.approx(1176.5)
+    assert parsed["train_curve"] == [[25, 9.648], [50, 7.984]]
+    assert parsed["valid_curve"] == [[50, 7.5, 7.25]] and parsed["valid_nll_loss"] == 7.25
 
 
 def test_bucketed_scores():
-    outputs = {0: ("x y", "a b c d", "a b c d"), 1: ("x y z w", "q r s t", "a b c d")}
-    scores = harness.score(outputs, {"test": [0, 2]}, [2])
+    class Args:
+        target_lang, length_buckets = "de", [2]
+
+    rows = [("x y", "a b c d", "a b c d"), ("x y z w", "q r s t", "a b c d")]
+    data = harness.compare_data.TestData(None, {"test": [0, 2]}, None, None, [])
+    scores, _ = harness.score_decode(Args, data, rows, ["a b c d", "a b c d"], ["a b c d", "a b c d"])
     assert scores["bleu_by_length"]["1-2"] == {"bleu": pytest.approx(100.0), "sentences": 1}
     assert scores["bleu_by_length"][">2"]["bleu"] == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("bad", [["--data-bin", "x", "--length-split", "5"],
-                                 ["--raw-dir", "x", "--extrapolation-scaling", "rope:2"]])
+                                 ["--raw-dir", "x", "--extrapolation-scaling", "rope:2"],
+                                 ["--raw-dir", "x", "--variants", "rope", "learned"],  # no baseline
+                                 ["--raw-dir", "x", "--generate-args"]])
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(SystemExit):
         harness.parse_args([*bad, "--out-dir", "o"])
+
+
+def test_pass_through_arguments_take_single_options():
+    """`--generate-args --remove-bpe` and `--train-args --encoder-learned-pos` are values, not
+    options of the harness (argparse alone stops with 'expected one argument')."""
+    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args", "--remove-bpe",
+                               "--train-args", "--encoder-learned-pos", "--seeds", "2",
+                               "--train-args", "--encoder-embed-dim 32 --decoder-embed-dim 32"])
+    assert args.generate_args == ["--remove-bpe"] and args.seeds == [2]
+    assert args.train_args == ["--encoder-learned-pos", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"]
+    assert harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args=--quiet"]).generate_args == ["--quiet"]
+
+
+def test_job_slots_split_threads_or_give_each_a_gpu():
+    cpu = harness.job_slots(2, 3, [])
+    assert [s["OMP_NUM_THREADS"] for s in cpu] == ["3", "3"] and all(s["CPU"] == "1" for s in cpu)
+    gpu = harness.job_slots(4, 1, ["2", "5"])  # at most one run per GPU
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["2", "5"] and all(s["GPUS"] == "1" for s in gpu)
+
+
+def test_run_logged_streams_while_the_command_runs(tmp_path):
+    """Each line reaches the log file and the callback while the command is still running: the
+    child waits for a file that the callback creates on its first line (captured output would
+    deadlock until the timeout)."""
+    flag, log, child = tmp_path / "seen", tmp_path / "child.log", tmp_path / "child.py"
+    child.write_text("import os, sys, time\nprint('update 1', flush=True)\ndeadline = time.time() + 60\n"
+                     f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
+                     "    if time.time() > deadline: sys.exit('not streamed')\nprint('update 2')\n")
+    seen = []
+
+    def on_line(line):
+        if line == "update 1":
+            assert "update 1" in log.read_text()  # already in the log, too
+            flag.touch()
+        seen.append(line)
+
+    common.run_logged([sys.executable, child], log, on_line=on_line)
+    assert seen == ["update 1", "update 2"] and log.read_text().splitlines()[1:] == seen
+    with pytest.raises(common.CommandFailed, match=r"exited with status 3.*\n.*boom.*\nfull log: .*child.log"):
+        common.run_logged([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log)
+
+
+def test_terminate_running_stops_commands_of_other_threads(tmp_path):
+    """What an interrupted --jobs run does: the commands its threads wait for are stopped."""
+    import threading
+
+    errors, started = [], threading.Event()
+
+    def run():
+        try:
+            common.run_logged([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(120)"],
+                              tmp_path / "sleep.log", on_line=lambda line: started.set())
+        except common.CommandFailed as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60)
+    common.terminate_running()
+    thread.join(30)
+    assert not thread.is_alive() and "exited with status -15" in str(errors[0])
+
+
+def _corpus(rng, n):
+    words = [f"w{i}" for i in range(300)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 15))) for _ in range(n)]
+
+
+def test_paired_bootstrap_tells_a_real_difference(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    refs = _corpus(rng, 300)
+    good = [" ".join(w if rng.random() < 0.8 else "x" for w in r.split()) for r in refs]
+    worse = [h if rng.random() < 0.6 else " ".join(h.split()[: len(h.split()) // 2]) for h in good]
+    one_line_off = good[:-1] + ["y"]
+    paths = {}
+    for name, lines in (("good", good), ("copy", good), ("worse", worse), ("one_line_off", one_line_off)):
+        paths[name] = tmp_path / f"{name}.txt"
+        paths[name].write_text("\n".join(lines) + "\n")
+    systems = [(name, path.read_text().splitlines()) for name, path in paths.items()]
+    tested, signatures = significance.paired_bootstrap(systems, refs, refs_raw=refs, lang="en")
+    for metric in ("tok_bleu", "sacrebleu", "chrf"):
+        assert tested["good"][metric]["p"] is None
+        assert tested["copy"][metric]["p"] == pytest.approx(1.0)  # identical files: no difference at all
+        assert tested["worse"][metric]["p"] < 0.05
+        assert tested["one_line_off"][metric]["p"] > 0.05
+        result = tested["worse"][metric]
+        assert result["mean"] - result["ci"] <= result["score"] <= result["mean"] + result["ci"]
+    assert tested["worse"]["tok_bleu"]["score"] < tested["good"]["tok_bleu"]["score"]
+    assert "bs:1000" in signatures["tok_bleu"] and "chrF" not in signatures["tok_bleu"]
 
 
 def test_plot_rope_decay_redraws_fig2(tmp_path):
@@ -123,3 +286,80 @@ def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
     with pytest.raises(SystemExit) as e:
         harness.main(["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
     assert f"{tmp_path / 'valid.de'}: line 2: invalid UTF-8" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def prepared_quickstart(tmp_path_factory):
+    """A small quickstart corpus (scripts/generate_corpus.py) prepared by prepare.sh as
+    scripts/quickstart.sh prepares it; returns (work dir, prepare.sh's log)."""
+    root = tmp_path_factory.mktemp("quickstart")
+    run_cli([sys.executable, SCRIPTS / "generate_corpus.py", "--out-dir", root / "corpus",
+             "--train-size", "400", "--valid-size", "30", "--test-size", "30"])
+    proc = run_cli(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", root / "prep",
+                    *(a for split in ("train", "valid", "test") for a in (f"--{split}-prefix", root / "corpus" / split)),
+                    "--src", "en", "--tgt", "de", "--bpe-size", "300", "--workers", "1"],
+                   env={"PYTHON": sys.executable}, timeout=300)
+    return root / "prep", proc.stderr
+
+
+def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickstart, tmp_path):
+    """--prepared-dir trains on prepare.sh's BPE text and scores against its tok/ and raw/
+    references exactly as scripts/score_bleu.py does; two runs at a time give the numbers of
+    one at a time."""
+    work, prepare_log = prepared_quickstart
+    assert re.search(r"vocabulary threshold (0|50) \(auto: \d+ training words for 300 merges", prepare_log)
+    args = [sys.executable, SCRIPT, "--prepared-dir", work, "--variants", "sinusoidal", *TINY_RUN]
+    run_cli([*args, "--out-dir", tmp_path / "parallel", "--jobs", "2", "--seeds", "1", "2"], timeout=400)  # last --seeds wins
+    run_cli([*args, "--out-dir", tmp_path / "sequential", "--jobs", "1", "--seeds", "2"], timeout=400)
+    parallel = _scores(tmp_path / "parallel", 2)
+    assert parallel == _scores(tmp_path / "sequential", 2) and parallel[0]["sinusoidal"]
+
+    run_dir = tmp_path / "parallel" / "runs" / "sinusoidal" / "seed2"
+    assert f"{work / 'data-bin'} " in (run_dir / "generate.log").read_text().splitlines()[0]
+    score_bleu = harness.score_bleu
+    expected = score_bleu.main(["--hyp", str(run_dir / "hyp.tok.txt"), "--ref", str(work / "tok" / "test.de"),
+                                "--raw-ref", str(work / "raw" / "test.de")])
+    result = json.loads((run_dir / "result.json").read_text())["decodes"][""]
+    assert result["bleu"]["test"] == expected["tokenized_bleu_compound_split"]["score"]
+    assert result["sacrebleu"]["test"] == expected["sacrebleu"]["score"]
+    assert result["chrf"]["test"] == expected["chrf++"]["score"]
+    hyps = (run_dir / "hyp.tok.txt").read_text()
+    assert "@@" not in hyps and len(hyps.splitlines()) == 30  # BPE removed, every sentence translated
+    report = json.loads((tmp_path / "parallel" / "results.json").read_text())
+    assert report["references"] == "the corpus's own"
+    assert report["summary"]["test"]["sinusoidal"]["chrf"]["per_seed"] == [
+        r["decodes"][""]["chrf"]["test"] for r in report["results"]["sinusoidal"]]
+
+
+def test_length_split_of_a_prepared_corpus(prepared_quickstart, tmp_path):
+    """--length-split on a prepared corpus: lengths in words of the tokenized text, the BPE text
+    binarized with the corpus's own dictionary, references joined like the sources."""
+    work, _ = prepared_quickstart
+    args = harness.parse_args(["--prepared-dir", str(work), "--out-dir", str(tmp_path), "--length-split", "12"])
+    args.out_dir = tmp_path
+    data = harness.compare_data.prepare(args, lambda message: None)
+    assert list(data.groups) == ["test <= 12", "test > 12", "test x2", "test x3"]
+    assert data.generate_args == ["--remove-bpe"]
+    assert (tmp_path / "data-bin" / "dict.en.txt").read_text() == (work / "data-bin" / "dict.en.txt").read_text()
+    tok_src = (work / "tok" / "test.en").read_text().splitlines()
+    raw_tgt = (work / "raw" / "test.de").read_text().splitlines()
+    start, end = data.groups["test <= 12"]
+    assert all(len(r.split()) <= 12 for r in data.refs_tok[start:end])
+    start, end = data.groups["test x2"]
+    assert data.refs_raw[start] == f"{raw_tgt[0]} {raw_tgt[1]}"
+    bpe_lines = (tmp_path / "text" / "test.en").read_text().splitlines()
+    assert bpe_lines[start].replace("@@ ", "") == f"{tok_src[0]} {tok_src[1]}"
+    train_words = [max(len(a.split()), len(b.split())) for a, b in zip(
+        (tmp_path / "text" / "train.en").read_text().replace("@@ ", "").splitlines(),
+        (tmp_path / "text" / "train.de").read_text().replace("@@ ", "").splitlines())]
+    assert train_words and max(train_words) <= 12
+
+
+def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
+    proc = run_cli([sys.executable, SCRIPT, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path, "--variants", "sinusoidal",
+                    *TINY_RUN, "--train-args", "--no-such-option"], check=False, timeout=300)
+    log = tmp_path / "runs" / "sinusoidal" / "seed1" / "train.log"
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: train.sh exited with status")
+    assert "unrecognized arguments: --no-such-option" in proc.stderr and proc.stderr.rstrip().endswith(f"full log: {log}")
+    assert not (tmp_path / "runs" / "sinusoidal" / "seed1" / "result.json").exists()

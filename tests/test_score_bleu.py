@@ -74,12 +74,14 @@ def test_cli_both_scores_and_files(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Tokenized BLEU (compound split): 100.00" in printed
     assert "sacreBLEU: 100.00" in printed
+    assert "chrF++: 100.00" in printed
     # the Moses detokenizer undoes "@-@" and the spaces before punctuation
     assert detok.read_text(encoding="utf-8").splitlines() == raw.read_text(encoding="utf-8").splitlines()
     result = json.loads(out_json.read_text())
     assert result["tokenized_bleu_compound_split"]["score"] == 100.0
     sig = result["sacrebleu"]["signature"]
     assert "nrefs:1" in sig and "tok:13a" in sig and "version:" in sig
+    assert result["chrf++"]["score"] == 100.0 and "nw:2" in result["chrf++"]["signature"]  # chrF++: word bigrams
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -95,6 +97,24 @@ def test_cli_sacrebleu_by_hand(tmp_path, capsys):
     expected = 100 * math.exp(1 - 7 / 6) * (6 / 6 * 4 / 5 * 2 / 4 * 1 / 3) ** 0.25
     assert result["sacrebleu"]["score"] == pytest.approx(expected, abs=0.01)
     assert result["tokenized_bleu_compound_split"]["score"] == pytest.approx(expected, abs=0.01)
+    # chrF++ of the detokenized hypothesis against the raw reference, as sacreBLEU computes it
+    import sacrebleu
+
+    chrf_pp = sacrebleu.corpus_chrf(["the cat sat on mat."], [["the cat sat on the mat."]], word_order=2)
+    assert result["chrf++"]["score"] == pytest.approx(chrf_pp.score, abs=0.01)
+
+
+def test_score_all_is_what_the_cli_computes(tmp_path):
+    """The importable scoring (used by scripts/compare_position_encodings.py) and the CLI agree."""
+    hyps = ["Der Hund sieht die Katze .", "Das ist ein gut @-@ bekannter Test ."]
+    refs = ["Der Hund sieht eine Katze .", "Das ist ein gut @-@ bekannter Test ."]
+    raw = ["Der Hund sieht eine Katze.", "Das ist ein gut-bekannter Test."]
+    scores, detok = score_bleu.score_all(hyps, refs, raw, "de")
+    assert detok == ["Der Hund sieht die Katze.", "Das ist ein gut-bekannter Test."]
+    cli = score_bleu.main(["--hyp", str(_write(tmp_path / "h", hyps)), "--ref", str(_write(tmp_path / "r", refs)),
+                           "--raw-ref", str(_write(tmp_path / "raw", raw)), "--lang", "de"])
+    assert scores == cli and 0 < scores["chrf++"]["score"] < 100
+    assert score_bleu.score_all(hyps, refs)[0] == {"tokenized_bleu_compound_split": cli["tokenized_bleu_compound_split"]}
 
 
 def test_cli_tokenize_option(tmp_path):

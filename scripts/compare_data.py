@@ -1,0 +1,215 @@
+"""The data side of scripts/compare_position_encodings.py: which corpus, which test groups, which
+references.
+
+Every source ends as a :class:`TestData`: a fairseq data-bin to train on and decode, the test
+groups as line ranges of its test set, the tokenized references (compound-split BLEU) and the
+untokenized ones (sacreBLEU, chrF++) when the corpus has them, and the fairseq-generate
+arguments that undo its subword segmentation.
+
+* ``--prepared-dir WORK_DIR`` -- a corpus prepared by examples/wmt14_en_de/prepare.sh: trains on
+  its BPE text, scores against its ``tok/`` and ``raw/`` references, exactly as evaluate.sh does;
+* ``--quickstart-corpus`` -- scripts/generate_corpus.py's synthetic corpus, prepared by
+  prepare.sh, then the same as ``--prepared-dir``;
+* ``--raw-dir DIR`` -- whitespace-tokenized ``{train,valid,test}.{SRC,TGT}`` without subwords,
+  binarized here with a joined dictionary;
+* ``--data-bin DIR`` -- a data-bin as it is; references are fairseq-generate's own target lines.
+
+With ``--length-split L`` (all but ``--data-bin``) training and validation keep the pairs whose
+both sides have at most L words (tokens of the tokenized text, before subwords), and the test set
+becomes four groups: up to L words, longer, and consecutive pairs joined 2 and 3 at a time.
+"""
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import run_logged, write_lines_atomically, write_text_atomically  # noqa: E402
+from text_lines import InputError, read_lines  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+GROUPS_FILE = "test_groups.json"
+PREPARE_STEPS = ("raw", "tok", "clean", "bpe", "data-bin")
+REMOVE_BPE = {"subword_nmt": ["--remove-bpe"], "sentencepiece": ["--remove-bpe", "sentencepiece"]}
+
+
+@dataclass
+class TestData:
+    data_bin: Path
+    groups: Dict[str, List[int]]        # name -> [first line, end) of the test set
+    refs_tok: Optional[List[str]]       # None: fairseq-generate's T lines are the references
+    refs_raw: Optional[List[str]]       # None: references are detokenized from refs_tok
+    generate_args: List[str]            # e.g. --remove-bpe for subword-segmented data
+
+
+# A row is one sentence pair as (source, target) model input -- BPE text for prepared corpora --
+# then (source, target) tokenized words, then the untokenized target (or None).
+def row_words(row):
+    return max(len(row[2].split()), len(row[3].split()))
+
+
+def concatenated(rows, n):
+    """Consecutive rows joined n at a time, field by field: test sentences n times as long."""
+    return [tuple(None if None in fields else " ".join(fields) for fields in zip(*rows[i:i + n]))
+            for i in range(0, len(rows) - n + 1, n)]
+
+
+def read_pairs(raw_dir, split, src, tgt):
+    """The sentence pairs of RAW_DIR/SPLIT.{SRC,TGT} as token lists, read strictly
+    (scripts/text_lines.py)."""
+    src_path, tgt_path = Path(raw_dir) / f"{split}.{src}", Path(raw_dir) / f"{split}.{tgt}"
+    sources, targets = read_lines(src_path), read_lines(tgt_path)
+    if len(sources) != len(targets):
+        raise InputError(f"{src_path} ({len(sources)} lines) and {tgt_path} ({len(targets)} lines) are not parallel")
+    return [(a.split(), b.split()) for a, b in zip(sources, targets)]
+
+
+def _parallel(paths):
+    """The lines of several files that must be parallel, as rows."""
+    columns = [read_lines(p) for p in paths]
+    for path, column in zip(paths[1:], columns[1:]):
+        if len(column) != len(columns[0]):
+            raise InputError(f"{paths[0]} ({len(columns[0])} lines) and {path} ({len(column)} lines) "
+                             "are not parallel")
+    return list(zip(*columns))
+
+
+def split_by_length(train, valid, test, limit):
+    """(train, valid, [(group name, rows)]) -- see the module docstring."""
+    if not limit:
+        return train, valid, [("test", test)]
+    short = lambda row: row_words(row) <= limit  # noqa: E731
+    train, valid = [r for r in train if short(r)], [r for r in valid if short(r)]
+    if not train or not valid:
+        raise InputError(f"--length-split {limit} leaves no training or validation pairs")
+    groups = [(f"test <= {limit}", [r for r in test if short(r)]), (f"test > {limit}", [r for r in test if not short(r)]),
+              ("test x2", concatenated(test, 2)), ("test x3", concatenated(test, 3))]
+    return train, valid, [(name, rows) for name, rows in groups if rows]
+
+
+def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
+    """Write the rows' model text to OUT_DIR/text and binarize it into OUT_DIR/data-bin (joined
+    dictionary: built from train, or ``dictionary``); the test set is the groups one after the
+    other, their line ranges in data-bin/test_groups.json. Returns (data-bin, groups, test rows)."""
+    text_dir = out_dir / "text"
+    text_dir.mkdir(parents=True, exist_ok=True)
+    test = [row for _, rows in groups for row in rows]
+    for split, rows in (("train", train), ("valid", valid), ("test", test)):
+        write_lines_atomically(text_dir / f"{split}.{src}", (r[0] for r in rows))
+        write_lines_atomically(text_dir / f"{split}.{tgt}", (r[1] for r in rows))
+    ranges, start = {}, 0
+    for name, rows in groups:
+        ranges[name] = [start, start + len(rows)]
+        start += len(rows)
+    # built aside and renamed, so an interrupted run never leaves a data-bin a rerun would use
+    data_bin, building = out_dir / "data-bin", out_dir / "data-bin.tmp"
+    shutil.rmtree(building, ignore_errors=True)
+    cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", text_dir / "train",
+           "--validpref", text_dir / "valid", "--testpref", text_dir / "test", "--destdir", building,
+           "--joined-dictionary", "--workers", "1"]
+    run_logged(cmd + (["--srcdict", dictionary] if dictionary else []), out_dir / "preprocess.log")
+    write_text_atomically(building / GROUPS_FILE, json.dumps(ranges, indent=1))
+    shutil.rmtree(data_bin, ignore_errors=True)
+    os.replace(building, data_bin)
+    return data_bin, ranges, test
+
+
+def from_raw_dir(args, log):
+    src, tgt = args.source_lang, args.target_lang
+    train, valid, test = ([(" ".join(a), " ".join(b), " ".join(a), " ".join(b), None)
+                           for a, b in read_pairs(args.raw_dir, split, src, tgt)] for split in ("train", "valid", "test"))
+    train, valid, groups = split_by_length(train, valid, test, args.length_split)
+    data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt)
+    log(f"binarized {len(train)} train / {len(valid)} valid pairs; test groups "
+        + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
+    return TestData(data_bin, ranges, [r[3] for r in test], None, [])
+
+
+def from_prepared_dir(args, work_dir, log):
+    """A work directory of prepare.sh: its BPE text, its data-bin and dictionary, and the
+    tokenized (tok/) and untokenized (raw/) references that evaluate.sh scores against."""
+    src, tgt = args.source_lang, args.target_lang
+    work_dir = Path(work_dir).resolve()
+    for step in PREPARE_STEPS:
+        if not (work_dir / step / ".done").is_file():
+            raise InputError(f"--prepared-dir {work_dir} has no complete {step}/ step ({step}/.done): "
+                             "run examples/wmt14_en_de/prepare.sh --work-dir on it first")
+    prepared_bin = work_dir / "data-bin"
+    if not (prepared_bin / f"test.{src}-{tgt}.{src}.idx").is_file():
+        raise InputError(f"--prepared-dir {work_dir} holds no {src}->{tgt} data-bin: give --source-lang and "
+                         "--target-lang as prepare.sh was given --src and --tgt")
+    bpe_type = (prepared_bin / "bpe_type").read_text().strip() if (prepared_bin / "bpe_type").is_file() else "subword_nmt"
+    if bpe_type not in REMOVE_BPE:
+        raise InputError(f"{prepared_bin / 'bpe_type'} names an unknown segmentation {bpe_type!r}")
+
+    def rows(split, words_dir, with_raw=False):
+        paths = [work_dir / "bpe" / f"{split}.{src}", work_dir / "bpe" / f"{split}.{tgt}",
+                 work_dir / words_dir / f"{split}.{src}", work_dir / words_dir / f"{split}.{tgt}"]
+        if with_raw:
+            return _parallel(paths + [work_dir / "raw" / f"{split}.{tgt}"])
+        return [(*row, None) for row in _parallel(paths)]
+
+    test = rows("test", "tok", with_raw=True)
+    if not args.length_split:
+        log(f"using {prepared_bin} ({len(test)} test sentences)")
+        return TestData(prepared_bin, {"test": [0, len(test)]}, [r[3] for r in test], [r[4] for r in test],
+                        REMOVE_BPE[bpe_type])
+    train, valid, groups = split_by_length(rows("train", "clean"), rows("valid", "tok"), test, args.length_split)
+    data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt,
+                                      dictionary=prepared_bin / f"dict.{src}.txt")
+    log(f"length split of {work_dir}: {len(train)} train / {len(valid)} valid pairs; test groups "
+        + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
+    return TestData(data_bin, ranges, [r[3] for r in test], [r[4] for r in test], REMOVE_BPE[bpe_type])
+
+
+def quickstart_corpus(args, log):
+    """scripts/generate_corpus.py's corpus in OUT_DIR/corpus, prepared by prepare.sh into
+    OUT_DIR/prepared (a rerun skips what is complete); returns the prepared work directory."""
+    corpus, prepared = args.out_dir / "corpus", args.out_dir / "prepared"
+    log(f"quickstart corpus: {args.corpus_train_size} training pairs, {args.corpus_bpe_size} BPE merges "
+        f"(log: {args.out_dir / 'prepare.log'})")
+    run_logged([sys.executable, REPO / "scripts" / "generate_corpus.py", "--out-dir", corpus,
+                "--seed", args.corpus_seed, "--train-size", args.corpus_train_size, "--valid-size", 300,
+                "--test-size", 500, "--src", args.source_lang, "--tgt", args.target_lang],
+               args.out_dir / "generate_corpus.log")
+    run_logged(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", prepared,
+                "--train-prefix", corpus / "train", "--valid-prefix", corpus / "valid", "--test-prefix", corpus / "test",
+                "--src", args.source_lang, "--tgt", args.target_lang, "--bpe-size", args.corpus_bpe_size,
+                "--workers", args.threads], args.out_dir / "prepare.log",
+               env={"PYTHON": sys.executable})
+    return prepared
+
+
+def from_data_bin(args, log):
+    data_bin = args.data_bin.resolve()
+    src_dict, tgt_dict = data_bin / f"dict.{args.source_lang}.txt", data_bin / f"dict.{args.target_lang}.txt"
+    for path in (src_dict, tgt_dict):
+        if not path.is_file():
+            raise InputError(f"--data-bin {data_bin} has no {path.name}: is it a binarized "
+                             f"{args.source_lang}-{args.target_lang} corpus (see --source-lang/--target-lang)?")
+    if src_dict.read_bytes() != tgt_dict.read_bytes():
+        raise InputError(f"--data-bin {data_bin} has separate source and target dictionaries, but the recipe "
+                         "(examples/wmt14_en_de/train.sh) shares all embeddings: binarize with fairseq-preprocess "
+                         "--joined-dictionary, or give the text with --raw-dir or --prepared-dir")
+    groups_file = data_bin / GROUPS_FILE
+    if groups_file.is_file() and args.gen_subset == "test":
+        groups = json.loads(groups_file.read_text())
+    else:
+        groups = {args.gen_subset: [0, None]}  # all of it; the decoding tells how many
+    bpe_type = data_bin / "bpe_type"
+    generate_args = REMOVE_BPE.get(bpe_type.read_text().strip(), []) if bpe_type.is_file() else []
+    return TestData(data_bin, groups, None, None, generate_args)
+
+
+def prepare(args, log):
+    """The TestData of the corpus the command line names."""
+    if args.data_bin:
+        return from_data_bin(args, log)
+    if args.raw_dir:
+        return from_raw_dir(args, log)
+    work_dir = args.prepared_dir or quickstart_corpus(args, log)
+    return from_prepared_dir(args, work_dir, log)

@@ -1,0 +1,194 @@
+"""The report of scripts/compare_position_encodings.py: scores over seeds, significance tests
+against the baseline (scripts/significance.py), results.md, results.json and the plots."""
+
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import significance  # noqa: E402
+from common import write_atomically, write_text_atomically  # noqa: E402
+from text_lines import read_lines  # noqa: E402
+
+METRICS = {"bleu": "tok_bleu", "sacrebleu": "sacrebleu", "chrf": "chrf"}  # result.json key -> test key
+
+
+def rows_of(results):
+    """(row name, variant, decode suffix) for every variant and extra decode, in order."""
+    return [(variant + suffix, variant, suffix) for variant, runs in results.items() for suffix in runs[0]["decodes"]]
+
+
+def over_seeds(values):
+    """{"mean", "std" (sample; None for one seed), "per_seed"} of the finite values."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return {"mean": statistics.fmean(values) if values else math.nan,
+            "std": statistics.stdev(values) if len(values) > 1 else None, "per_seed": values}
+
+
+def resolved_groups(data, results):
+    """The test groups' line ranges; a --data-bin subset's end is the number of sentences decoded."""
+    sentences = next(iter(results.values()))[0]["decodes"][""]["sentences"]
+    return {name: [start, sentences if end is None else end] for name, (start, end) in data.groups.items()}
+
+
+def test_significance(args, data, results, groups):
+    """{group: {seed: {row: {metric: {score, mean, ci, p}}}}} and the tests' signatures: per seed,
+    every row against the baseline's plain decode of the same seed."""
+    baseline = args.variants[0]
+    out, signatures = {}, {}
+    for index, seed in enumerate(args.seeds):
+        run_dir = lambda variant: args.out_dir / "runs" / variant / f"seed{seed}"  # noqa: E731
+        refs_tok = data.refs_tok if data.refs_tok is not None else read_lines(run_dir(baseline) / "ref.tok.txt")
+        hyps, detok = {}, {}
+        for row, variant, suffix in rows_of(results):
+            hyps[row] = read_lines(run_dir(variant) / f"hyp{suffix}.tok.txt")
+            detok[row] = read_lines(run_dir(variant) / f"hyp{suffix}.detok.txt")
+        refs_raw = data.refs_raw
+        if refs_raw is None:
+            from score_bleu import moses_detokenize
+
+            refs_raw = moses_detokenize(refs_tok, args.target_lang)
+        order = [baseline] + [row for row in hyps if row != baseline]
+        for group, (start, end) in groups.items():
+            tested, signatures = significance.paired_bootstrap(
+                [(row, hyps[row][start:end]) for row in order], refs_tok[start:end], refs_raw[start:end],
+                args.target_lang, detok={row: lines[start:end] for row, lines in detok.items()})
+            out.setdefault(group, {})[str(seed)] = tested
+    return out, signatures
+
+
+def build(args, data, results):
+    """Everything results.json holds."""
+    groups = resolved_groups(data, results)
+    tests, test_signatures = test_significance(args, data, results, groups)
+    summary = {}
+    for group in groups:
+        for row, variant, suffix in rows_of(results):
+            summary.setdefault(group, {})[row] = {
+                key: over_seeds([r["decodes"][suffix][key][group] for r in results[variant]]) for key in METRICS}
+    training = {variant: {key: over_seeds([r[key] for r in runs])
+                          for key in ("valid_loss", "tokens_per_second", "train_seconds")} for variant, runs in results.items()}
+    return {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "groups": groups, "baseline": args.variants[0],
+            "references": "the corpus's own" if data.refs_raw is not None else "detokenized from the tokenized text",
+            "significance_signatures": test_signatures, "summary": summary, "training": training,
+            "significance": tests, "results": results}
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def fmt(value, digits=2):
+    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def fmt_seeds(stats, digits=2):
+    text = fmt(stats["mean"], digits) + ("" if stats["std"] is None else f" ± {fmt(stats['std'], digits)}")
+    return text + (f" ({', '.join(fmt(v, digits) for v in stats['per_seed'])})" if len(stats["per_seed"]) > 1 else "")
+
+
+def markdown(args, report):
+    results, baseline = report["results"], report["baseline"]
+    signatures = results[baseline][0]["decodes"][""].get("signatures", {})
+    lines = [
+        "# Position encodings compared", "",
+        f"Trained by `examples/wmt14_en_de/train.sh` with {', '.join(f'{k}={v}' for k, v in report['results'][baseline][0]['settings']['recipe_env'].items())}; "
+        f"architecture size `{args.size}`; seeds {', '.join(map(str, args.seeds))}"
+        + (f"; extra fairseq-train arguments `{' '.join(args.train_args)}`" if args.train_args else "")
+        + f". Average of the last {args.average_last} update checkpoints; beam {args.beam}, length penalty "
+        f"{args.lenpen}, at most {args.max_len_a:g} x source + {args.max_len_b} tokens"
+        + (f"; extra fairseq-generate arguments `{' '.join(args.generate_args)}`" if args.generate_args else "") + ".",
+        "",
+        "Scores (scripts/score_bleu.py): **tok BLEU** -- tokenized BLEU with compound splitting, the convention of the "
+        f"published WMT14 En-De numbers; **sacreBLEU** -- detokenized, `{signatures.get('sacrebleu', 'n/a')}`; "
+        f"**chrF++** -- `{signatures.get('chrf', 'n/a')}`. References for sacreBLEU and chrF++: {report['references']}.",
+        "",
+        "## Training", "",
+        "| variant | valid loss | params | train tokens/s | train time (s) |", "|---|---|---|---|---|",
+    ]
+    for variant, runs in results.items():
+        stats = report["training"][variant]
+        params = runs[0]["params"]
+        lines.append(f"| `{variant}` | {fmt_seeds(stats['valid_loss'], 3)} | {f'{params:,}' if params else 'n/a'} | "
+                     f"{fmt_seeds(stats['tokens_per_second'], 0)} | {fmt_seeds(stats['train_seconds'], 0)} |")
+    lines.append("\nValidation loss: label-smoothed cross-entropy (base 2) at the last validation.")
+    names = significance.METRIC_NAMES
+    for group, (start, end) in report["groups"].items():
+        lines += ["", f"## {group} ({end - start} sentences)", "",
+                  "Mean ± sample standard deviation over seeds (the per-seed values in brackets):", "",
+                  "| variant | " + " | ".join(names[k] for k in METRICS.values()) + " |", "|---|---|---|---|"]
+        for row, stats in report["summary"][group].items():
+            lines.append(f"| `{row}` | " + " | ".join(fmt_seeds(stats[k]) for k in METRICS) + " |")
+        lines += ["", f"Per seed: score ± half-width of its 95 % bootstrap confidence interval, and the p-value of the "
+                  f"paired bootstrap test against `{baseline}` of the same seed ({significance.RESAMPLES} resamples, "
+                  "sacreBLEU's seed; * p < 0.05):", "",
+                  "| variant | seed | " + " | ".join(f"{names[k]} | p" for k in METRICS.values()) + " |",
+                  "|---|---|" + "---|---|" * len(METRICS)]
+        for seed, rows in report["significance"][group].items():
+            for row, tested in rows.items():
+                cells = []
+                for key in METRICS.values():
+                    t = tested.get(key)
+                    cells.append("n/a" if t is None else f"{t['score']:.2f} ± {t['ci']:.2f}")
+                    cells.append("-" if t is None or t["p"] is None else f"{t['p']:.3f}{'*' if t['p'] < 0.05 else ''}")
+                lines.append(f"| `{row}` | {seed} | " + " | ".join(cells) + " |")
+    first = next(iter(results.values()))[0]["decodes"][""]["bleu_by_length"]
+    buckets = list(first)
+    lines += ["", "## tok BLEU by source length (words), all test groups together", "",
+              "| variant | " + " | ".join(buckets) + " |", "|" + "---|" * (len(buckets) + 1)]
+    for row, variant, suffix in rows_of(results):
+        cells = [fmt_seeds(over_seeds([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]]))
+                 for b in buckets]
+        lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
+    lines += ["| sentences | " + " | ".join(str(first[b]["sentences"]) for b in buckets) + " |", "",
+              "![validation loss](valid_loss.png)", "", "![BLEU by source length](bleu_by_length.png)", ""]
+    return "\n".join(lines)
+
+
+def _save_png(fig, path):
+    import matplotlib.pyplot as plt
+
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+
+
+def plot(args, results):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant, runs in results.items():
+        curves = [dict((u, loss) for u, loss, _ in r["valid_curve"]) for r in runs]
+        updates = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if updates:
+            ax.plot(updates, [statistics.fmean(c[u] for c in curves) for u in updates], marker="o", ms=3, label=variant)
+    ax.set(xlabel="update", ylabel="validation loss (base 2)", title=f"Validation loss, mean over {len(args.seeds)} seed(s)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save_png(fig, args.out_dir / "valid_loss.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row, variant, suffix in rows_of(results):
+        buckets = list(results[variant][0]["decodes"][suffix]["bleu_by_length"])
+        values = [over_seeds([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]])["mean"]
+                  for b in buckets]
+        ax.plot(range(len(buckets)), values, marker="o", label=row, linestyle="--" if suffix else "-")
+    ax.set_xticks(range(len(buckets)))
+    ax.set_xticklabels(buckets)
+    ax.set(xlabel="source length (words)", ylabel="tok BLEU", title="BLEU by source length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save_png(fig, args.out_dir / "bleu_by_length.png")
+
+
+def write(args, report):
+    write_text_atomically(args.out_dir / "results.json", json.dumps(report, indent=1))
+    write_text_atomically(args.out_dir / "results.md", markdown(args, report))
+    plot(args, report["results"])
