@@ -30,14 +30,16 @@ Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``),
 WORK_DIR`` (a corpus prepared by prepare.sh), ``--quickstart-corpus`` (the synthetic corpus,
 prepared by prepare.sh here), ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
 ``--length-split L`` trains on pairs of at most L words and tests on longer ones and on test
-pairs joined 2 and 3 at a time; RoPE variants can also be decoded with frequency scaling
-(``--extrapolation-scaling yarn:4``, the same checkpoint through ``--model-overrides``).
+pairs joined 2 and 3 at a time; RoPE variants can also be decoded with frequency scaling, the
+same checkpoint through ``--model-overrides``: one factor for every sentence
+(``--extrapolation-scaling yarn:4``) or one per sentence from its length
+(``--extrapolation-scaling dynamic-yarn``).
 
 Example::
 
     python scripts/compare_position_encodings.py --quickstart-corpus --out-dir work/compare \\
         --variants sinusoidal rope --seeds 1 2 3 --max-update 3000 --length-split 20 \\
-        --extrapolation-scaling ntk:3 yarn:3 --train-args "--encoder-embed-dim 128 --decoder-embed-dim 128"
+        --extrapolation-scaling ntk:3 yarn:3 dynamic-yarn --train-args "--encoder-embed-dim 128 --decoder-embed-dim 128"
 
 ``--train-args`` and ``--generate-args`` take one string of extra arguments, the same for every
 variant; a single option can follow directly: ``--generate-args --remove-bpe``.
@@ -69,6 +71,9 @@ from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
 RESULT_FORMAT = 2  # result.json of older harness versions are not reused
+# fairseq_rope.modules.rotary.DYNAMIC_SCALINGS, named here so that parsing arguments needs no torch
+# (tests/test_compare_harness.py checks that the two agree)
+DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
 
 # name -> (model family, flags); the family is mapped to an architecture by --size
 VARIANTS = {
@@ -201,7 +206,12 @@ def extra_decodes(args, variant):
     decodes = {"": None}
     if VARIANTS[variant][0] == "transformer_rope":
         for spec in args.extrapolation_scaling:
-            method, factor = spec.split(":")
+            method, _, factor = spec.partition(":")
+            if method in DYNAMIC_SCALINGS:
+                # the factor of each sentence comes from its length and the training length the
+                # checkpoint recorded (in tokens)
+                decodes[f"+{method}"] = {"rope_scaling": method}
+                continue
             overrides = {"rope_scaling": method, "rope_scaling_factor": float(factor)}
             if method == "yarn":
                 overrides["rope_scaling_original_length"] = int(args.length_split or args.yarn_original_length)
@@ -417,7 +427,9 @@ def parse_args(argv=None):
     p.add_argument("--length-split", type=int, default=None, metavar="L",
                    help="train on pairs of at most L words; test on longer and concatenated ones (not with --data-bin)")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
-                   help="also decode RoPE variants with --rope-scaling METHOD (linear, ntk, yarn) and this factor")
+                   help="also decode RoPE variants with --rope-scaling METHOD (linear, ntk, yarn) and this "
+                        f"factor, or with {' or '.join(DYNAMIC_SCALINGS)} (no factor: one per sentence, "
+                        "from its length and the training length the checkpoint recorded)")
     p.add_argument("--yarn-original-length", type=int, default=64,
                    help="training length for yarn without --length-split")
     p.add_argument("--length-buckets", type=int, nargs="+", default=[10, 20, 30, 40],
@@ -433,8 +445,11 @@ def parse_args(argv=None):
         p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
     for spec in args.extrapolation_scaling:
         method, _, factor = spec.partition(":")
+        if method in DYNAMIC_SCALINGS and not factor:
+            continue
         if method not in ("linear", "ntk", "yarn") or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
-            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD linear, ntk or yarn; got {spec!r}")
+            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD linear, ntk or yarn, "
+                    f"or {' or '.join(DYNAMIC_SCALINGS)} alone; got {spec!r}")
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")

@@ -7,6 +7,7 @@ scripts/significance.py)."""
 import importlib.util
 import json
 import re
+import shlex
 import sys
 import time
 
@@ -40,7 +41,7 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     out = tmp_path / "compare"
     args = [sys.executable, SCRIPT, "--raw-dir", tiny_data_bin, "--out-dir", out,
             "--variants", "rope", "sinusoidal", *TINY_RUN, "--length-split", "6",
-            "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3",
+            "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3", "dynamic-yarn",
             # single options as values, the documented way
             "--generate-args", "--remove-bpe", "--train-args", "--report-accuracy"]
     proc = run_cli(args, timeout=400)
@@ -76,10 +77,13 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
         assert sum(b["sentences"] for b in run["decodes"][""]["bleu_by_length"].values()) == len(test_lengths)
     # neither adds parameters for positions: same count, read from the training logs
     assert rope["params"] == sinusoidal["params"] > 0
-    assert set(rope["decodes"]) == {"", "+yarnx3"} and set(sinusoidal["decodes"]) == {""}
+    assert set(rope["decodes"]) == {"", "+yarnx3", "+dynamic-yarn"} and set(sinusoidal["decodes"]) == {""}
     run_dir = out / "runs" / "rope" / "seed1"
     generate_log = (run_dir / "generate+yarnx3.log").read_text()
     assert "rope_scaling" in generate_log.splitlines()[0]  # the override reached fairseq-generate
+    # dynamic scaling needs no factor nor length: the checkpoint recorded its training length
+    dynamic_command = shlex.split((run_dir / "generate+dynamic-yarn.log").read_text().splitlines()[0])
+    assert dynamic_command[dynamic_command.index("--model-overrides") + 1] == "{'rope_scaling': 'dynamic-yarn'}"
     assert " --remove-bpe " in generate_log.splitlines()[0]
     # the recipe trained it: train.sh's command (with its knobs) heads the log, and the extra
     # option reached fairseq-train (--report-accuracy logs an accuracy)
@@ -89,7 +93,8 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     assert not (run_dir / "checkpoints").exists()
 
     table = (out / "results.md").read_text()
-    for row in ("`rope`", "`rope+yarnx3`", "`sinusoidal`", "## test x3", "train tokens/s", "tok BLEU", "chrF++",
+    for row in ("`rope`", "`rope+yarnx3`", "`rope+dynamic-yarn`", "`sinusoidal`", "## test x3", "train tokens/s",
+                "tok BLEU", "chrF++",
                 "against `sinusoidal`"):
         assert row in table
     for png in ("valid_loss.png", "bleu_by_length.png"):
@@ -158,8 +163,18 @@ def test_bucketed_scores():
     assert scores["bleu_by_length"][">2"]["bleu"] == pytest.approx(0.0)
 
 
+def test_dynamic_scalings_are_the_plugins():
+    from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS
+    assert harness.DYNAMIC_SCALINGS == DYNAMIC_SCALINGS
+    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", "dynamic-ntk", "ntk:2"])
+    assert harness.extra_decodes(args, "rope") == {
+        "": None, "+dynamic-ntk": {"rope_scaling": "dynamic-ntk"},
+        "+ntkx2": {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}}
+
+
 @pytest.mark.parametrize("bad", [["--data-bin", "x", "--length-split", "5"],
                                  ["--raw-dir", "x", "--extrapolation-scaling", "rope:2"],
+                                 ["--raw-dir", "x", "--extrapolation-scaling", "dynamic-yarn:2"],
                                  ["--raw-dir", "x", "--variants", "rope", "learned"],  # no baseline
                                  ["--raw-dir", "x", "--generate-args"]])
 def test_bad_arguments_are_refused(bad):
