@@ -12,86 +12,23 @@ the L of dynamic ``--rope-scaling``).
 """
 
 import copy
-import errno
 import glob
 import logging
 import os
 import re
 import shutil
-import tempfile
 import zipfile
 
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
+from .atomic_files import write_atomically
 from .model_options import (
     INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config, record_trained_length, trained_length,
 )
 
 logger = logging.getLogger(__name__)
-
-
-def _temporary_name(path: str) -> str:
-    """A hidden name beside ``path`` that matches no checkpoint pattern (``.NAME.XXXX.tmp``)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    return tmp
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temporaries(path: str) -> None:
-    """Delete what a killed write of ``path`` left behind (SIGKILL runs no clean-up)."""
-    pattern = os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))),
-                           f".{glob.escape(os.path.basename(path))}.*.tmp")
-    for stale in glob.glob(pattern):
-        try:
-            os.unlink(stale)
-        except FileNotFoundError:
-            pass
-
-
-def write_atomically(path: str, write) -> None:
-    """``write(tmp_path)`` then fsync and rename onto ``path``: ``path`` is either its old
-    content or the complete new one. The temporary file is removed on any exception
-    (KeyboardInterrupt and SystemExit included); a full disk is reported with the path."""
-    path = os.fspath(path)
-    tmp = _temporary_name(path)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if _is_disk_full(e):
-            raise OSError(errno.ENOSPC, f"no space left on device while writing {path}") from e
-        raise
-    _fsync_directory(os.path.dirname(os.path.abspath(path)))
-    remove_stale_temporaries(path)
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _is_disk_full(error: BaseException) -> bool:
-    # torch.save reports ENOSPC as a RuntimeError ("... unexpected pos ..."), without errno
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
 
 
 def save_checkpoint_atomically(obj, path: str) -> None:

@@ -2,44 +2,32 @@
 reading their logs).
 
 Light on purpose -- standard library only -- so that the text steps of the recipe import it
-without paying for torch or fairseq. Checkpoints are written by the plugin itself
-(``fairseq_rope.checkpoints``), which cannot import from ``scripts/``.
+without paying for torch or fairseq. The atomic write is the plugin's own
+(``fairseq_rope/atomic_files.py``, standard library only too), loaded from its file so that the
+package, which imports fairseq, is not.
 """
 
+import importlib.util
 import json
 import math
 import os
 import re
 import sys
-import tempfile
+from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _load_atomic_files():
+    path = Path(__file__).resolve().parents[1] / "fairseq_rope" / "atomic_files.py"
+    spec = importlib.util.spec_from_file_location("fairseq_rope_atomic_files", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def write_atomically(path, write: Callable[[str], None]) -> None:
-    """``write(tmp_path)``, then fsync and rename onto ``path``: readers see either the old file
-    or the complete new one, never a partial one. The temporary file is a hidden
-    ``.NAME.XXXX.tmp`` in the same directory (so the rename cannot cross file systems) and is
-    removed on any exception, KeyboardInterrupt and SystemExit included."""
-    path = os.path.abspath(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(path))
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+_atomic_files = _load_atomic_files()
+current_umask = _atomic_files.current_umask
+write_atomically = _atomic_files.write_atomically
 
 
 def write_lines_atomically(path, lines: Iterable[str]) -> int:

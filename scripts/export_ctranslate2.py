@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fairseq_rope  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
-from fairseq_rope.checkpoints import current_umask  # noqa: E402
+from fairseq_rope.atomic_files import current_umask  # noqa: E402
 from fairseq_rope.model_options import OptionError, model_config, registered_model_name  # noqa: E402
 from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS  # noqa: E402
 

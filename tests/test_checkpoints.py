@@ -13,12 +13,8 @@ import pytest
 import torch
 
 from conftest import BIN, REPO, run_cli
-from fairseq_rope.checkpoints import (
-    newest_readable_checkpoint,
-    remove_stale_temporaries,
-    save_checkpoint_atomically,
-    write_atomically,
-)
+from fairseq_rope.atomic_files import remove_stale_temporaries, write_atomically
+from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
 from fairseq_rope.model_options import OptionError
 
 
@@ -170,6 +166,23 @@ def test_a_killed_write_leaves_only_a_hidden_temporary_that_the_next_write_remov
     assert not stale.exists() and other.exists()
     remove_stale_temporaries(str(tmp_path / "checkpoint_best.pt"))
     assert not other.exists()
+
+
+def test_scripts_write_through_the_same_code_without_importing_torch(tmp_path):
+    """scripts/common.py uses the plugin's atomic write, loaded from its file: the recipe's text
+    steps get it (and the removal of a killed write's leftovers) without fairseq or torch."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import common\n"
+        "print(common.write_atomically.__code__.co_filename)\n"
+        "common.write_text_atomically(sys.argv[2], 'text')\n"
+        "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n"
+    )
+    stale = tmp_path / ".out.txt.abc123.tmp"
+    stale.write_text("partial")
+    proc = run_cli([sys.executable, "-c", script, REPO / "scripts", tmp_path / "out.txt"])
+    defined_in, imported = proc.stdout.splitlines()
+    assert defined_in == str(REPO / "fairseq_rope" / "atomic_files.py") and imported == "[]"
+    assert (tmp_path / "out.txt").read_text() == "text" and not stale.exists()
 
 
 # --- --model-overrides ------------------------------------------------------------------------
