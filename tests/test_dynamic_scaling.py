@@ -108,6 +108,19 @@ def test_rows_with_factor_one_use_the_plain_tables():
     assert dynamic.row_logit_scales(torch.tensor([1.0, 2.0])).tolist() == [1.0, stretched.logit_scale]
 
 
+def test_one_table_per_factor_and_only_the_most_recent_kept():
+    dynamic = RotaryEmbedding(16, scaling="dynamic-ntk", original_length=8)
+    dynamic.scaled_tables_kept = 2
+    positions = torch.arange(30).expand(6, -1)  # per-sentence positions (batch, time)
+    rows = dynamic.rotations(positions, 30, dynamic.row_factors(torch.tensor([16, 8, 16, 24, 16, 24])))
+    assert list(dynamic._scaled_tables) == [(2.0, torch.device("cpu")), (3.0, torch.device("cpu"))]
+    for row, factor in ((0, 2.0), (3, 3.0), (4, 2.0)):
+        static = RotaryEmbedding(16, scaling="ntk", scaling_factor=factor)
+        assert torch.equal(rows[:, row], static.rotations(torch.arange(30), 30)[:, 0])
+    dynamic.rotations(positions, 30, dynamic.row_factors(torch.full((6,), 40)))
+    assert list(dynamic._scaled_tables) == [(3.0, torch.device("cpu")), (5.0, torch.device("cpu"))]
+
+
 @pytest.mark.parametrize("flags", VARIANTS + (["--attention-kind", "linear"],))
 @pytest.mark.parametrize("scaling", DYNAMIC)
 def test_incremental_decoding_with_a_beam_reorder_equals_the_full_forward(scaling, flags):

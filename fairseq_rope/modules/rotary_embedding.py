@@ -10,6 +10,7 @@ that every attention uses.
 * anything else: the reference :func:`~.rotary.apply_rotary`.
 """
 
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -33,9 +34,13 @@ class RotaryEmbedding:
     a stale one behind. A model's layers share one (see :func:`shared_rotary_embedding`).
 
     A dynamic scaling (``dynamic-ntk``, ``dynamic-yarn``) keeps the plain tables and scales only
-    the rows given a factor s > 1 (:meth:`row_factors`), from fp64 angles as the tables are made:
-    a row with s == 1 uses the very numbers of plain RoPE.
+    the rows given a factor s > 1 (:meth:`row_factors`), from a table made for that s as a static
+    scaling makes its own: a row with s == 1 uses the very numbers of plain RoPE, a row with
+    s > 1 those of ``--rope-scaling-factor s``.
     """
+
+    #: tables of this many factors s are kept (a decoding asks for the same ones at every step)
+    scaled_tables_kept = 64
 
     def __init__(
         self,
@@ -56,6 +61,7 @@ class RotaryEmbedding:
             rotary_dim, self.theta, "none" if self.dynamic else scaling, self.scaling_factor, self.original_length
         )
         self._tables: Dict[torch.device, Tuple[Tensor, Tensor, Tensor]] = {}
+        self._scaled_tables: "OrderedDict[Tuple[float, torch.device], Tensor]" = OrderedDict()
 
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling}x{self.scaling_factor:g}" if self.scaling != "none" else ""
@@ -64,18 +70,27 @@ class RotaryEmbedding:
 
     def clear_cache(self) -> None:
         self._tables.clear()
+        self._scaled_tables.clear()
 
     def tables(self, length: int, device) -> Tuple[Tensor, Tensor, Tensor]:
-        """cos, sin (fp32) and e^{i m theta_i} (complex64, eq. 12) for m < at least ``length``.
-        Angles are computed in fp64 on the CPU: exact for any realistic m."""
+        """cos, sin (fp32) and e^{i m theta_i} (complex64, eq. 12) for m < at least ``length``."""
         tables = self._tables.get(device)
         if tables is None or tables[0].size(0) < length:
-            angles = rotation_angles(torch.arange(next_power_of_two(max(length, 2))), self.inv_freq)
-            cos = torch.cos(angles).to(device=device, dtype=torch.float32)
-            sin = torch.sin(angles).to(device=device, dtype=torch.float32)
-            tables = (cos, sin, torch.complex(cos, sin))
+            tables = _make_tables(self.inv_freq, length, device)
             self._tables[device] = tables
         return tables
+
+    def scaled_table(self, factor: float, length: int, device) -> Tensor:
+        """e^{i m theta_i(s)} of one row factor s for m < at least ``length``; the most recently
+        used :attr:`scaled_tables_kept` are kept."""
+        key = (factor, torch.device(device))
+        table = self._scaled_tables.pop(key, None)
+        if table is None or table.size(0) < length:
+            table = _make_tables(self.scaled(factor)[0], length, device)[2]
+        self._scaled_tables[key] = table
+        while len(self._scaled_tables) > self.scaled_tables_kept:
+            self._scaled_tables.popitem(last=False)
+        return table
 
     def row_factors(self, source_lengths: Optional[Tensor]) -> Optional[Tensor]:
         """s = max(1, n / L) per row of a dynamic scaling; None when no row is scaled."""
@@ -90,7 +105,9 @@ class RotaryEmbedding:
 
     def row_logit_scales(self, factors: Tensor) -> Tensor:
         """The attention logit multiplier of each row (YaRN temperature; 1 for s == 1)."""
-        return torch.tensor([self.scaled(s)[1] for s in factors.tolist()], dtype=torch.float64)
+        values = factors.tolist()
+        scale = {s: self.scaled(s)[1] for s in set(values)}
+        return torch.tensor([scale[s] for s in values], dtype=torch.float64)
 
     def rotations(self, positions: Tensor, length: int, factors: Optional[Tensor] = None) -> Tensor:
         """e^{i m theta} (complex64) for ``positions`` -- (time,) shared by the batch or (batch,
@@ -102,9 +119,11 @@ class RotaryEmbedding:
         if positions.dim() == 1:
             positions = positions.expand(factors.size(0), -1)
         rotations = table[positions.t()]  # gathered time-first: (T, B, r/2)
-        for row in [] if factors is None else torch.nonzero(factors > 1.0).flatten().tolist():
-            angles = rotation_angles(positions[row].cpu(), self.scaled(float(factors[row]))[0])
-            rotations[:, row] = torch.complex(torch.cos(angles).float(), torch.sin(angles).float()).to(table.device)
+        if factors is not None:
+            # one gather per distinct factor, not per row: a batch of similar lengths has few
+            for factor in torch.unique(factors[factors > 1.0]).tolist():
+                rows = torch.nonzero(factors == factor).flatten()
+                rotations[:, rows] = self.scaled_table(factor, length, table.device)[positions[rows].t()]
         return rotations.unsqueeze(2)
 
     def rotate(
@@ -192,6 +211,15 @@ class RotateInPlace(torch.autograd.Function):
             apply_rotary_(grad.view(ctx.heads_shape)[:, :, ctx.heads], inverse, ctx.layout)
             rotated.append(grad)
         return (None, None, None, None, *rotated)
+
+
+def _make_tables(inv_freq: Tensor, length: int, device) -> Tuple[Tensor, Tensor, Tensor]:
+    """cos, sin and cos + i sin of m theta_i for m < a power of two >= ``length``; the angles in
+    fp64 on the CPU, exact for any realistic m."""
+    angles = rotation_angles(torch.arange(next_power_of_two(max(length, 2))), inv_freq)
+    cos = torch.cos(angles).to(device=device, dtype=torch.float32)
+    sin = torch.sin(angles).to(device=device, dtype=torch.float32)
+    return cos, sin, torch.complex(cos, sin)
 
 
 @lru_cache(maxsize=None)
