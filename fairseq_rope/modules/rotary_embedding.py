@@ -100,8 +100,9 @@ class RotaryEmbedding:
         return factors if bool((factors > 1.0).any()) else None
 
     def scaled(self, factor: float) -> Tuple[Tensor, float]:
-        """fp64 theta_i and logit multiplier of this scaling for one row's factor s."""
-        return ROPE_SCALINGS[self.scaling](self.rotary_dim, self.theta, factor, self.original_length)
+        """fp64 theta_i (not to be modified) and logit multiplier of this scaling for one row's
+        factor s."""
+        return _scaled_frequencies(self.scaling, self.rotary_dim, self.theta, factor, self.original_length)
 
     def row_logit_scales(self, factors: Tensor) -> Tensor:
         """The attention logit multiplier of each row (YaRN temperature; 1 for s == 1)."""
@@ -211,6 +212,12 @@ class RotateInPlace(torch.autograd.Function):
             apply_rotary_(grad.view(ctx.heads_shape)[:, :, ctx.heads], inverse, ctx.layout)
             rotated.append(grad)
         return (None, None, None, None, *rotated)
+
+
+@lru_cache(maxsize=256)
+def _scaled_frequencies(scaling: str, rotary_dim: int, theta: float, factor: float, original_length: int):
+    # kept: every attention call of a dynamic-yarn decoding asks for the logit scale of each factor
+    return ROPE_SCALINGS[scaling](rotary_dim, theta, factor, original_length)
 
 
 def _make_tables(inv_freq: Tensor, length: int, device) -> Tuple[Tensor, Tensor, Tensor]:
