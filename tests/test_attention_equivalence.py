@@ -76,13 +76,30 @@ def test_causal_decoder_self_attention(weights):
     assert_same(stock(x, x, x, **args), rotary(x, x, x, **args))
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("weights", WEIGHTS)
-def test_incremental_steps_with_beam_reorder(weights):
+def test_incremental_steps_with_beam_reorder(weights, grad):
     stock, rotary = pair(weights, self_attention=True)
     steps, B = 5, 4
     xs = torch.randn(steps, 1, B, E).unbind(0)
     # beam search keeps hypotheses 3, 3, 0, 1 after the third step
-    decode_steps(stock, rotary, [dict(query=x, key=x, value=x, **weights) for x in xs], 2, [3, 3, 0, 1])
+    with torch.set_grad_enabled(grad):  # the reordered cache is gathered by a different path without grad
+        decode_steps(stock, rotary, [dict(query=x, key=x, value=x, **weights) for x in xs], 2, [3, 3, 0, 1])
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_reorders_in_a_row_and_a_shrinking_batch(grad):
+    """Two reorders before one step (the second of the reordered batch), then a reorder that drops
+    finished rows, as beam search does: the rotary cache gathers them later, in one copy."""
+    stock, rotary = pair(dict(need_weights=False), self_attention=True)
+    x4, x4b, x3, x3b = (torch.randn(1, n, E) for n in (4, 4, 3, 3))
+    states = {}, {}
+    with torch.set_grad_enabled(grad):
+        for step, (x, orders) in enumerate([(x4, [[1, 0, 3, 3], [2, 2, 1, 0]]), (x4b, [[3, 0, 1]]), (x3, []), (x3b, [])]):
+            assert_same(*[attn(x, x, x, incremental_state=state) for attn, state in zip((stock, rotary), states)])
+            for order in orders:
+                for attn, state in zip((stock, rotary), states):
+                    attn.reorder_incremental_state(state, torch.tensor(order))
 
 
 def decode_steps(stock, rotary, calls, reorder_after, order):

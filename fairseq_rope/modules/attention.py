@@ -1,7 +1,8 @@
 """One multi-head attention for every position scheme of the plugin.
 
 :class:`PositionalMultiheadAttention` is fairseq's ``MultiheadAttention`` (same parameters,
-state-dict keys, cache layout and beam reorder) with a forward pass in two steps:
+state-dict keys and cache layout; the beam reorder of self-attention keys and values waits for the
+next step's append, ``attention_cache``) with a forward pass in two steps:
 
 * :meth:`~PositionalMultiheadAttention._prepare_inputs` -- projections, beam-shared encoder keys,
   the incremental cache's offset and the positions of the new tokens;
@@ -23,13 +24,8 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
+from .attention_cache import QUERY_STEPS, append_to_cache, defer_reorder
 from .position_scheme import AttentionCall, PositionScheme
-
-# Cache key whose *shape* (batch, steps, 0) counts decoder steps where no key cache does
-# (encoder-decoder and linear attention). It holds no data, and being batch-first it is
-# reordered by beam search like every other entry.
-QUERY_STEPS = "query_steps"
-
 
 class PositionalMultiheadAttention(MultiheadAttention):
     """fairseq's ``MultiheadAttention`` with positions handled by ``positions``, a
@@ -50,11 +46,20 @@ class PositionalMultiheadAttention(MultiheadAttention):
         positions.attach(self)
 
     def train(self, mode: bool = True):
-        self.__dict__.pop("_fused_projection_cache", None)  # see _fused_projection
+        self.__dict__.pop("_fused_projection_cache", None)  # see _inference_projection
         return super().train(mode)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, {self.positions.describe()}"
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """fairseq's beam reorder, except that self-attention keys and values are gathered by the
+        next step's append to the cache (``append_to_cache``), in the same copy: each decoding
+        step copies the cache once instead of twice."""
+        buffer = self._get_input_buffer(incremental_state)
+        if not (self.self_attention and "prev_key" in buffer):
+            return super().reorder_incremental_state(incremental_state, new_order)
+        return self._set_input_buffer(incremental_state, defer_reorder(buffer, new_order))
 
     def self_attention_positions(self, offset: int, length: int, device) -> Tensor:
         """Positions (time,) of ``length`` tokens of one sequence, ``offset`` before them, shared by
@@ -130,20 +135,25 @@ class PositionalMultiheadAttention(MultiheadAttention):
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if any(p._forward_pre_hooks for p in projections):  # quant-noise acts through these hooks
             return torch.cat([p(rows) for p in projections], dim=1)
-        return F.linear(rows, *self._fused_projection(projections))
-
-    def _fused_projection(self, projections) -> Tuple[Tensor, Optional[Tensor]]:
-        """The concatenated weights and biases. Inference in eval mode keeps them between calls
-        (the concatenation is a copy of the weights) until a weight changes visibly or the mode
-        changes: optimizers (fairseq's Adam among them) update ``p.data``, which moves neither the
-        pointer nor the version of ``p``, and they run in train mode."""
         params = [p for m in projections for p in (m.weight, m.bias)]
         if self.training or (torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params)):
-            return _concatenate(params)
+            return F.linear(rows, *_concatenate(params))
+        weight_t, bias = self._inference_projection(params)
+        return torch.addmm(bias, rows, weight_t) if bias is not None else rows.mm(weight_t)
+
+    def _inference_projection(self, params) -> Tuple[Tensor, Optional[Tensor]]:
+        """[W_q; W_k; W_v] transposed to (embed_dim, 3 * embed_dim) and the biases, kept between
+        inference calls: a copy of the weights, laid out (input-major) so that a decoding step's
+        GEMM runs faster on the CPU than from the concatenated weights or as three GEMMs (128 rows,
+        512 dims, 2 threads: 3.13 ms against 3.43 and 3.23 ms).
+        It is remade when a weight changes visibly or the mode changes: optimizers (fairseq's Adam
+        among them) update ``p.data``, which moves neither the pointer nor the version of ``p``,
+        and they run in train mode."""
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params if p is not None)
         cached = self.__dict__.get("_fused_projection_cache")
         if cached is None or cached[0] != key:
-            cached = (key, _concatenate(params))
+            weight, bias = _concatenate(params)
+            cached = (key, (weight.t().contiguous(), bias))
             self.__dict__["_fused_projection_cache"] = cached  # a plain attribute: not in the state dict
         return cached[1]
 
@@ -237,32 +247,3 @@ def attention_mask(key_padding_mask, attn_mask, kv_bsz, src_len, dtype, group=1)
         attn_mask = attn_mask.to(dtype)
         mask = attn_mask if mask is None else mask + attn_mask
     return mask
-
-
-def append_to_cache(
-    saved_state: Dict[str, Optional[Tensor]],
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    key_padding_mask: Optional[Tensor],
-    static_kv: bool = False,
-) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Extend fairseq's batch-first key/value cache (batch, heads, time, head_dim) with the new
-    ``k``/``v`` (or, for ``static_kv``, reuse the cached ones), store the result and the combined
-    padding mask in ``saved_state``, and return them."""
-    if "prev_key" in saved_state:
-        prev_key, prev_value = saved_state["prev_key"], saved_state["prev_value"]
-        if static_kv:
-            k, v = prev_key, prev_value
-        else:
-            k = torch.cat([prev_key, k], dim=2)
-            v = torch.cat([prev_value, v], dim=2)
-    key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-        key_padding_mask=key_padding_mask,
-        prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-        batch_size=k.size(0),
-        src_len=k.size(2),
-        static_kv=static_kv,
-    )
-    saved_state["prev_key"], saved_state["prev_value"] = k, v
-    saved_state["prev_key_padding_mask"] = key_padding_mask
-    return k, v, key_padding_mask

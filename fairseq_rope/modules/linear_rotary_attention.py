@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import QUERY_STEPS
+from .attention_cache import QUERY_STEPS
 from .position_scheme import AttentionCall
 from .rotary_multihead_attention import RotaryMultiheadAttention
 
