@@ -34,7 +34,10 @@ def append_along_time(cache: Tensor, new: Tensor, order: Optional[Tensor]) -> Te
     written straight into the result (``index_select`` with ``out=`` takes strided outputs)."""
     if order is None:
         return torch.cat([cache, new], dim=2)
-    if torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad):  # out= has no autograd
+    needs_autograd = torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad)  # out= has none
+    # index_select writes through a strided out= on the CPU (tested) and CUDA (its kernel uses the
+    # output strides); elsewhere, two copies
+    if needs_autograd or cache.device.type not in ("cpu", "cuda"):
         return torch.cat([cache.index_select(0, order), new], dim=2)
     _, heads, steps, head_dim = cache.shape
     out = cache.new_empty(order.numel(), heads, steps + new.size(2), head_dim)
