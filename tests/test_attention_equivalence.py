@@ -95,7 +95,7 @@ def test_reorders_in_a_row_and_a_shrinking_batch(grad):
     x4, x4b, x3, x3b = (torch.randn(1, n, E) for n in (4, 4, 3, 3))
     states = {}, {}
     with torch.set_grad_enabled(grad):
-        for step, (x, orders) in enumerate([(x4, [[1, 0, 3, 3], [2, 2, 1, 0]]), (x4b, [[3, 0, 1]]), (x3, []), (x3b, [])]):
+        for x, orders in [(x4, [[1, 0, 3, 3], [2, 2, 1, 0]]), (x4b, [[3, 0, 1]]), (x3, []), (x3b, [])]:
             assert_same(*[attn(x, x, x, incremental_state=state) for attn, state in zip((stock, rotary), states)])
             for order in orders:
                 for attn, state in zip((stock, rotary), states):

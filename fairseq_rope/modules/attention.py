@@ -27,6 +27,7 @@ from torch import Tensor
 from .attention_cache import QUERY_STEPS, append_to_cache, defer_reorder
 from .position_scheme import AttentionCall, PositionScheme
 
+
 class PositionalMultiheadAttention(MultiheadAttention):
     """fairseq's ``MultiheadAttention`` with positions handled by ``positions``, a
     :class:`PositionScheme`. Without requested attention weights, attention runs through
@@ -46,7 +47,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
         positions.attach(self)
 
     def train(self, mode: bool = True):
-        self.__dict__.pop("_fused_projection_cache", None)  # see _inference_projection
+        self.__dict__.pop("_inference_projection_cache", None)  # see _inference_projection
         return super().train(mode)
 
     def extra_repr(self) -> str:
@@ -150,11 +151,11 @@ class PositionalMultiheadAttention(MultiheadAttention):
         among them) update ``p.data``, which moves neither the pointer nor the version of ``p``,
         and they run in train mode."""
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params if p is not None)
-        cached = self.__dict__.get("_fused_projection_cache")
+        cached = self.__dict__.get("_inference_projection_cache")
         if cached is None or cached[0] != key:
             weight, bias = _concatenate(params)
             cached = (key, (weight.t().contiguous(), bias))
-            self.__dict__["_fused_projection_cache"] = cached  # a plain attribute: not in the state dict
+            self.__dict__["_inference_projection_cache"] = cached  # a plain attribute: not in the state dict
         return cached[1]
 
     def _compute_attention(self, call: AttentionCall, attn_mask: Optional[Tensor], need_weights: bool):
