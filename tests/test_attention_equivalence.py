@@ -84,7 +84,7 @@ def test_incremental_steps_with_beam_reorder(weights, grad):
     xs = torch.randn(steps, 1, B, E).unbind(0)
     # beam search keeps hypotheses 3, 3, 0, 1 after the third step
     with torch.set_grad_enabled(grad):  # the reordered cache is gathered by a different path without grad
-        decode_steps(stock, rotary, [dict(query=x, key=x, value=x, **weights) for x in xs], 2, [3, 3, 0, 1])
+        decode_steps(stock, rotary, [dict(query=x, key=x, value=x, **weights) for x in xs], {2: [[3, 3, 0, 1]]})
 
 
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
@@ -92,22 +92,19 @@ def test_reorders_in_a_row_and_a_shrinking_batch(grad):
     """Two reorders before one step (the second of the reordered batch), then a reorder that drops
     finished rows, as beam search does: the rotary cache gathers them later, in one copy."""
     stock, rotary = pair(dict(need_weights=False), self_attention=True)
-    x4, x4b, x3, x3b = (torch.randn(1, n, E) for n in (4, 4, 3, 3))
-    states = {}, {}
+    xs = [torch.randn(1, n, E) for n in (4, 4, 3, 3)]
     with torch.set_grad_enabled(grad):
-        for x, orders in [(x4, [[1, 0, 3, 3], [2, 2, 1, 0]]), (x4b, [[3, 0, 1]]), (x3, []), (x3b, [])]:
-            assert_same(*[attn(x, x, x, incremental_state=state) for attn, state in zip((stock, rotary), states)])
-            for order in orders:
-                for attn, state in zip((stock, rotary), states):
-                    attn.reorder_incremental_state(state, torch.tensor(order))
+        decode_steps(stock, rotary, [dict(query=x, key=x, value=x) for x in xs],
+                     {0: [[1, 0, 3, 3], [2, 2, 1, 0]], 1: [[3, 0, 1]]})
 
 
-def decode_steps(stock, rotary, calls, reorder_after, order):
-    """Incremental calls on both attentions, outputs compared at every step, with a beam reorder."""
+def decode_steps(stock, rotary, calls, reorders):
+    """Incremental calls on both attentions, outputs compared at every step; after step i, the
+    beam reorders ``reorders[i]``, one after the other."""
     states = {}, {}
     for step, call in enumerate(calls):
         assert_same(*[attn(incremental_state=state, **call) for attn, state in zip((stock, rotary), states)])
-        if step == reorder_after:
+        for order in reorders.get(step, []):
             for attn, state in zip((stock, rotary), states):
                 attn.reorder_incremental_state(state, torch.tensor(order))
 
@@ -122,7 +119,7 @@ def test_encoder_decoder_attention_with_shared_beams(weights):
     mask = left_padding_mask([5, 3], S).repeat_interleave(beam, dim=0)
     calls = [dict(query=torch.randn(1, sentences * beam, E), key=encoder_out, value=encoder_out,
                   key_padding_mask=mask, static_kv=True, **weights) for _ in range(3)]
-    decode_steps(stock, rotary, calls, 1, [2, 0, 0, 4, 5, 3])  # reordered within each sentence's beams
+    decode_steps(stock, rotary, calls, {1: [[2, 0, 0, 4, 5, 3]]})  # reordered within each sentence's beams
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
