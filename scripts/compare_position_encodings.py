@@ -17,7 +17,8 @@ scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++
 * ``results.json`` -- every number of every run, and the significance tests;
 * ``valid_loss.png``, ``bleu_by_length.png``;
 * ``runs/VARIANT/seedN/``: ``train.log`` (written as the training runs), ``generate*.log``, the
-  hypotheses, ``result.json``. A rerun reuses finished runs made with the same settings.
+  hypotheses, ``result.json``. A rerun reuses finished runs made with the same settings, and the
+  trained model of a run whose decoding settings alone changed (only the changed decodes are made).
 
 While it runs it prints a line per logged training interval (update, losses, elapsed time, ETA)
 and the decoding's progress. ``--jobs N`` runs N trainings at once: the CPU threads are split
@@ -70,7 +71,7 @@ from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
-RESULT_FORMAT = 2  # result.json of older harness versions are not reused
+RESULT_FORMAT = 3  # result.json of older harness versions are not reused
 # fairseq_rope.modules.rotary.DYNAMIC_SCALINGS, named here so that parsing arguments needs no torch
 # (tests/test_compare_harness.py checks that the two agree)
 DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
@@ -165,12 +166,12 @@ class Decoding:
 
 
 def run_settings(args, variant, seed):
-    """Everything that decides a run's numbers (the threads per training aside)."""
+    """Everything that decides a run's trained model (the threads per training aside); each
+    decode's own settings are :func:`decode_settings`."""
     family, flags = VARIANTS[variant]
     return {"variant": variant, "seed": seed, "arch": SIZES[args.size][family], "flags": flags,
-            "recipe_env": recipe_env(args), "train_args": args.train_args, "generate_args": args.generate_args,
-            "average_last": args.average_last, "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b],
-            "extrapolation_scaling": args.extrapolation_scaling, "data": args.data_source}
+            "recipe_env": recipe_env(args), "train_args": args.train_args,
+            "average_last": args.average_last, "data": args.data_source}
 
 
 def recipe_env(args):
@@ -207,16 +208,21 @@ def extra_decodes(args, variant):
     if VARIANTS[variant][0] == "transformer_rope":
         for spec in args.extrapolation_scaling:
             method, _, factor = spec.partition(":")
-            if method in DYNAMIC_SCALINGS:
-                # the factor of each sentence comes from its length and the training length the
-                # checkpoint recorded (in tokens)
-                decodes[f"+{method}"] = {"rope_scaling": method}
-                continue
-            overrides = {"rope_scaling": method, "rope_scaling_factor": float(factor)}
-            if method == "yarn":
-                overrides["rope_scaling_original_length"] = int(args.length_split or args.yarn_original_length)
-            decodes[f"+{method}x{float(factor):g}"] = overrides
+            # yarn and the dynamic kinds read the training length L (in tokens) the checkpoint
+            # recorded, the same L for all of them, unless --rope-scaling-original-length names one
+            overrides = {"rope_scaling": method}
+            if method not in DYNAMIC_SCALINGS:
+                overrides["rope_scaling_factor"] = float(factor)
+            if method in ("yarn", *DYNAMIC_SCALINGS) and args.rope_scaling_original_length:
+                overrides["rope_scaling_original_length"] = args.rope_scaling_original_length
+            decodes[f"+{method}" if method in DYNAMIC_SCALINGS else f"+{method}x{float(factor):g}"] = overrides
     return decodes
+
+
+def decode_settings(args, overrides):
+    """Everything that decides the numbers of one decode of a trained run."""
+    return {"overrides": overrides, "generate_args": args.generate_args,
+            "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b]}
 
 
 def decode(args, data, checkpoint, overrides, log_path, name, slot):
@@ -266,23 +272,64 @@ def score_decode(args, data, rows, refs_tok, refs_raw):
 
 def run_one(args, data, variant, seed, slot):
     """Train, average, decode and score one variant with one seed; ``slot``: the environment of
-    the CPU threads or GPU this run may use."""
+    the CPU threads or GPU this run may use. A run trained before with the same settings is not
+    trained again: only the decodes that are new or decided by other settings are made."""
     name = f"{variant} seed {seed}"
     run_dir = args.out_dir / "runs" / variant / f"seed{seed}"
     result_file = run_dir / "result.json"
+    averaged = run_dir / "averaged.pt"
     settings = run_settings(args, variant, seed)
-    if result_file.exists() and not args.overwrite:
-        result = json.loads(result_file.read_text())
-        if result.get("format") == RESULT_FORMAT and result.get("settings") == settings:
-            log(f"{name}: done before, reusing {result_file}")
-            return result
+    wanted = {suffix: decode_settings(args, overrides) for suffix, overrides in extra_decodes(args, variant).items()}
+    started = time.time()
+    result = json.loads(result_file.read_text()) if result_file.exists() and not args.overwrite else None
+    if result and result.get("format") == 2:  # its settings held the decodes' too; those are redone
+        for key in ("generate_args", "decoding", "extrapolation_scaling"):
+            result["settings"].pop(key, None)
+        result["format"] = RESULT_FORMAT
+    if result and (result.get("format") != RESULT_FORMAT or result.get("settings") != settings
+                   or not averaged.exists()):
         log(f"{name}: {result_file} was made by other settings or an older harness; running it again")
+        result = None
+    if result is None:
+        result = train_and_average(args, data, name, run_dir, settings, slot)
+    elif result.get("decode_settings") == wanted:
+        log(f"{name}: done before, reusing {result_file}")
+        return result
+    else:
+        log(f"{name}: reusing the trained model of {result_file}; decoding what is new or changed")
+    done_before = result.get("decode_settings", {})
+    decodes = {}
+    for suffix, wanted_settings in wanted.items():
+        if done_before.get(suffix) == wanted_settings and suffix in result["decodes"]:
+            decodes[suffix] = result["decodes"][suffix]
+            continue
+        rows = decode(args, data, averaged, wanted_settings["overrides"], run_dir / f"generate{suffix}.log",
+                      f"{name}: decoding {args.gen_subset}{suffix}", slot)
+        refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]
+        refs_raw = data.refs_raw if data.refs_raw is not None else score_bleu.moses_detokenize(refs_tok, args.target_lang)
+        decodes[suffix], detok = score_decode(args, data, rows, refs_tok, refs_raw)
+        write_lines_atomically(run_dir / f"hyp{suffix}.tok.txt", (h for _, h, _ in rows))
+        write_lines_atomically(run_dir / f"hyp{suffix}.detok.txt", detok)
+        if data.refs_tok is None:
+            write_lines_atomically(run_dir / "ref.tok.txt", refs_tok)
+    for suffix in set(result["decodes"]) - set(wanted):  # no longer asked for: no stale files either
+        for stale in (f"generate{suffix}.log", f"hyp{suffix}.tok.txt", f"hyp{suffix}.detok.txt"):
+            (run_dir / stale).unlink(missing_ok=True)
+    result.update(decodes=decodes, decode_settings=wanted)
+    write_text_atomically(result_file, json.dumps(result, indent=1))
+    log(f"{name}: done in {duration(time.time() - started)}; tok BLEU "
+        + ", ".join(f"{k} {v:.2f}" for k, v in decodes[""]["bleu"].items()))
+    return result
+
+
+def train_and_average(args, data, name, run_dir, settings, slot):
+    """Train one run with the recipe and average its last checkpoints into ``averaged.pt``."""
     save_dir = run_dir / "checkpoints"
     shutil.rmtree(run_dir, ignore_errors=True)
     save_dir.mkdir(parents=True)
-    flags = VARIANTS[variant][1]
+    flags = VARIANTS[settings["variant"]][1]
     env = {**slot, **recipe_env(args), "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
-           "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(seed),
+           "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(settings["seed"]),
            "LOG_FILE": os.devnull}  # train.sh would tee into a log of its own; train.log is ours
     log(f"{name}: training {settings['arch']} {' '.join(flags)} for {args.max_update} updates "
         f"(log: {run_dir / 'train.log'})")
@@ -291,27 +338,15 @@ def run_one(args, data, variant, seed, slot):
     run_logged(["env", *(f"{k}={v}" for k, v in env.items()), "bash", TRAIN_SH, *flags, *args.train_args],
                run_dir / "train.log", name="train.sh", on_line=TrainingProgress(name, args.max_update))
     with open(run_dir / "train.log", encoding="utf-8", errors="replace") as f:
-        result = {"format": RESULT_FORMAT, "settings": settings, "variant": variant, "seed": seed,
-                  "train_seconds": time.time() - started, **parse_train_log(f)}
-    averaged = run_dir / "averaged.pt"
-    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, averaged, run_dir / "average.log")
-    result["decodes"] = {}
-    for suffix, overrides in extra_decodes(args, variant).items():
-        rows = decode(args, data, averaged, overrides, run_dir / f"generate{suffix}.log",
-                      f"{name}: decoding {args.gen_subset}{suffix}", slot)
-        refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]
-        refs_raw = data.refs_raw if data.refs_raw is not None else score_bleu.moses_detokenize(refs_tok, args.target_lang)
-        result["decodes"][suffix], detok = score_decode(args, data, rows, refs_tok, refs_raw)
-        write_lines_atomically(run_dir / f"hyp{suffix}.tok.txt", (h for _, h, _ in rows))
-        write_lines_atomically(run_dir / f"hyp{suffix}.detok.txt", detok)
-        if data.refs_tok is None:
-            write_lines_atomically(run_dir / "ref.tok.txt", refs_tok)
+        result = {"format": RESULT_FORMAT, "settings": settings, "variant": settings["variant"],
+                  "seed": settings["seed"], "train_seconds": time.time() - started, **parse_train_log(f)}
+    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, run_dir / "averaged.pt",
+                                                  run_dir / "average.log")
     if not args.keep_checkpoints:
         shutil.rmtree(save_dir)
-    write_text_atomically(result_file, json.dumps(result, indent=1))
-    main_bleu = result["decodes"][""]["bleu"]
-    log(f"{name}: done in {duration(time.time() - started)}; tok BLEU "
-        + ", ".join(f"{k} {v:.2f}" for k, v in main_bleu.items()))
+    result.update(decodes={}, decode_settings={})
+    # saved now, so that a decode that fails or is interrupted does not cost the training
+    write_text_atomically(run_dir / "result.json", json.dumps(result, indent=1))
     return result
 
 
@@ -430,8 +465,9 @@ def parse_args(argv=None):
                    help="also decode RoPE variants with --rope-scaling METHOD (linear, ntk, yarn) and this "
                         f"factor, or with {' or '.join(DYNAMIC_SCALINGS)} (no factor: one per sentence, "
                         "from its length and the training length the checkpoint recorded)")
-    p.add_argument("--yarn-original-length", type=int, default=64,
-                   help="training length for yarn without --length-split")
+    p.add_argument("--rope-scaling-original-length", type=int, default=None, metavar="L",
+                   help="training length in tokens for yarn and the dynamic scalings (default: the one "
+                        "each checkpoint recorded)")
     p.add_argument("--length-buckets", type=int, nargs="+", default=[10, 20, 30, 40],
                    help="upper edges of the source-length buckets")
     p.add_argument("--jobs", type=int, default=1, help="trainings at once (at most one per GPU)")

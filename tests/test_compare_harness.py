@@ -80,10 +80,15 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     assert set(rope["decodes"]) == {"", "+yarnx3", "+dynamic-yarn"} and set(sinusoidal["decodes"]) == {""}
     run_dir = out / "runs" / "rope" / "seed1"
     generate_log = (run_dir / "generate+yarnx3.log").read_text()
-    assert "rope_scaling" in generate_log.splitlines()[0]  # the override reached fairseq-generate
-    # dynamic scaling needs no factor nor length: the checkpoint recorded its training length
-    dynamic_command = shlex.split((run_dir / "generate+dynamic-yarn.log").read_text().splitlines()[0])
-    assert dynamic_command[dynamic_command.index("--model-overrides") + 1] == "{'rope_scaling': 'dynamic-yarn'}"
+
+    def overrides(suffix):
+        command = shlex.split((run_dir / f"generate{suffix}.log").read_text().splitlines()[0])
+        return command[command.index("--model-overrides") + 1]
+
+    # the overrides reached fairseq-generate; yarn and dynamic scaling take the training length
+    # the checkpoint recorded
+    assert overrides("+yarnx3") == "{'rope_scaling': 'yarn', 'rope_scaling_factor': 3.0}"
+    assert overrides("+dynamic-yarn") == "{'rope_scaling': 'dynamic-yarn'}"
     assert " --remove-bpe " in generate_log.splitlines()[0]
     # the recipe trained it: train.sh's command (with its knobs) heads the log, and the extra
     # option reached fairseq-train (--report-accuracy logs an accuracy)
@@ -113,6 +118,21 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     proc = run_cli(args, timeout=120)
     assert proc.stdout.count("reusing") == 2
     assert time.time() - started < 60
+
+    # other scalings: the trained models are reused, only the new decodes are made, and the
+    # decodes no longer asked for leave no files behind
+    scaling = args.index("--extrapolation-scaling")
+    args[scaling + 1:scaling + 3] = ["yarn:3", "ntk:2", "--rope-scaling-original-length", "9"]
+    proc = run_cli(args, timeout=400)
+    assert "training" not in proc.stdout and proc.stdout.count("reusing the trained model") == 1
+    assert "sinusoidal seed 1: done before, reusing" in proc.stdout
+    decoded = set(re.findall(r"rope seed 1: decoding test(\S*):", proc.stdout))
+    assert decoded == {"+yarnx3", "+ntkx2"}  # yarn: its training length changed
+    assert overrides("+yarnx3") == "{'rope_scaling': 'yarn', 'rope_scaling_factor': 3.0, 'rope_scaling_original_length': 9}"
+    rerun = json.loads((out / "results.json").read_text())["results"]["rope"][0]
+    assert set(rerun["decodes"]) == {"", "+yarnx3", "+ntkx2"} and rerun["decodes"][""] == rope["decodes"][""]
+    assert not list(run_dir.glob("*dynamic-yarn*"))
+    assert "`rope+ntkx2`" in (out / "results.md").read_text()
 
 
 def test_parse_train_log_and_concatenation():
@@ -378,3 +398,13 @@ def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
     assert proc.stderr.startswith("error: train.sh exited with status")
     assert "unrecognized arguments: --no-such-option" in proc.stderr and proc.stderr.rstrip().endswith(f"full log: {log}")
     assert not (tmp_path / "runs" / "sinusoidal" / "seed1" / "result.json").exists()
+
+
+def test_a_failing_decode_keeps_the_trained_model(tiny_data_bin, tmp_path):
+    args = [sys.executable, SCRIPT, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path,
+            "--variants", "sinusoidal", *TINY_RUN]
+    proc = run_cli([*args, "--generate-args", "--no-such-option"], check=False, timeout=300)
+    assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stderr
+    proc = run_cli(args, timeout=300)
+    assert "training" not in proc.stdout and "reusing the trained model" in proc.stdout
+    assert "sinusoidal seed 1: done in" in proc.stdout
