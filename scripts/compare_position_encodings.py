@@ -291,7 +291,9 @@ def run_one(args, data, variant, seed, slot):
         log(f"{name}: {result_file} was made by other settings or an older harness; running it again")
         result = None
     if result is None:
-        result = train_and_average(args, data, name, run_dir, settings, slot)
+        result = train_and_average(args, data, name, run_dir, settings, averaged, slot)
+        # saved now, so that a decode that fails or is interrupted does not cost the training
+        write_text_atomically(result_file, json.dumps(result, indent=1))
     elif result.get("decode_settings") == wanted:
         log(f"{name}: done before, reusing {result_file}")
         return result
@@ -300,7 +302,7 @@ def run_one(args, data, variant, seed, slot):
     done_before = result.get("decode_settings", {})
     decodes = {}
     for suffix, wanted_settings in wanted.items():
-        if done_before.get(suffix) == wanted_settings and suffix in result["decodes"]:
+        if done_before.get(suffix) == wanted_settings:
             decodes[suffix] = result["decodes"][suffix]
             continue
         rows = decode(args, data, averaged, wanted_settings["overrides"], run_dir / f"generate{suffix}.log",
@@ -322,8 +324,9 @@ def run_one(args, data, variant, seed, slot):
     return result
 
 
-def train_and_average(args, data, name, run_dir, settings, slot):
-    """Train one run with the recipe and average its last checkpoints into ``averaged.pt``."""
+def train_and_average(args, data, name, run_dir, settings, averaged, slot):
+    """Train one run with the recipe and average its last checkpoints into ``averaged``: the
+    run's result without decodes."""
     save_dir = run_dir / "checkpoints"
     shutil.rmtree(run_dir, ignore_errors=True)
     save_dir.mkdir(parents=True)
@@ -340,13 +343,10 @@ def train_and_average(args, data, name, run_dir, settings, slot):
     with open(run_dir / "train.log", encoding="utf-8", errors="replace") as f:
         result = {"format": RESULT_FORMAT, "settings": settings, "variant": settings["variant"],
                   "seed": settings["seed"], "train_seconds": time.time() - started, **parse_train_log(f)}
-    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, run_dir / "averaged.pt",
-                                                  run_dir / "average.log")
+    result["averaged_checkpoints"] = average_last(save_dir, args.average_last, averaged, run_dir / "average.log")
     if not args.keep_checkpoints:
         shutil.rmtree(save_dir)
     result.update(decodes={}, decode_settings={})
-    # saved now, so that a decode that fails or is interrupted does not cost the training
-    write_text_atomically(run_dir / "result.json", json.dumps(result, indent=1))
     return result
 
 
