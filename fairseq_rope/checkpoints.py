@@ -7,8 +7,8 @@ Importing the plugin (:func:`make_fairseq_checkpoints_safe`) makes every checkpo
 atomic (hidden temporary file in the same directory, fsync, rename, fsync of the directory),
 lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
 checkpoint, refuses ``--model-overrides`` that would change a trained model, and records in the
-saved model configuration the longest sequence the model was trained on (``rope_trained_length``,
-the L of dynamic ``--rope-scaling``).
+saved model configuration the lengths of the sequences the model was trained on, continued across
+a resume (``training_lengths``: the L of ``--rope-scaling`` yarn and dynamic-*).
 """
 
 import copy
@@ -24,9 +24,8 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from .atomic_files import write_atomically
-from .model_options import (
-    INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config, record_trained_length, trained_length,
-)
+from .model_options import INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config
+from .training_lengths import TrainingLengths
 
 logger = logging.getLogger(__name__)
 
@@ -135,15 +134,28 @@ def _overrides_checked(load_checkpoint_to_cpu):
     return load_checkpoint_to_cpu_checked
 
 
-def _records_trained_length(state_dict):
-    def state_dict_with_trained_length(trainer):
-        # the widest batch this run has trained on (a resumed run counts again from its restart)
-        seen = getattr(trainer.get_model(), "trained_length", 0)
-        if seen > trained_length(trainer.cfg.model):
-            record_trained_length(trainer.cfg.model, seen)
+def _records_training_lengths(state_dict):
+    def state_dict_with_training_lengths(trainer):
+        lengths = getattr(trainer.get_model(), "training_lengths", None)
+        if lengths is not None:
+            lengths.record_in(trainer.cfg.model)
         return state_dict(trainer)
 
-    return state_dict_with_trained_length
+    return state_dict_with_training_lengths
+
+
+def _resume_continues_training_lengths(load_checkpoint):
+    def load_checkpoint_and_training_lengths(trainer, filename, *args, **kwargs):
+        extra_state = load_checkpoint(trainer, filename, *args, **kwargs)
+        model = trainer.get_model()
+        if extra_state is not None and hasattr(model, "training_lengths") and is_readable_checkpoint(filename):
+            # the model was built from the command line; the counts so far are in the checkpoint
+            # (mmap: only its configuration is read)
+            saved = torch.load(filename, map_location="cpu", mmap=True)
+            model.training_lengths = TrainingLengths(model_config(saved))
+        return extra_state
+
+    return load_checkpoint_and_training_lengths
 
 
 def make_fairseq_checkpoints_safe() -> None:
@@ -155,5 +167,6 @@ def make_fairseq_checkpoints_safe() -> None:
     checkpoint_utils.load_checkpoint_to_cpu = _overrides_checked(checkpoint_utils.load_checkpoint_to_cpu)
     from fairseq.trainer import Trainer
 
-    Trainer.state_dict = _records_trained_length(Trainer.state_dict)
+    Trainer.state_dict = _records_training_lengths(Trainer.state_dict)
+    Trainer.load_checkpoint = _resume_continues_training_lengths(Trainer.load_checkpoint)
     checkpoint_utils.checkpoints_made_safe = True

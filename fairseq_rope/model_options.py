@@ -5,10 +5,11 @@
   the weights were learned for those values.
 * Inference options (``rope_scaling*``) choose how a trained model runs on longer inputs and may
   change at generate time.
-* Recorded information (``rope_trained_length``, the longest source or target sequence seen in
-  training) is written by training into the checkpoint, never given on the command line; an
-  override may restate it only (``--rope-scaling-original-length`` sets L at inference instead).
-  It does not change what the weights compute: averaged checkpoints keep the largest.
+* Recorded information (``rope_trained_length`` and ``rope_trained_length_counts``, the lengths
+  of the sequences seen in training: see ``training_lengths``) is written by training into the
+  checkpoint, never given on the command line; an override may restate it only
+  (``--rope-scaling-original-length`` sets L at inference instead). It does not change what the
+  weights compute: averaging merges it.
 * A bad value is an :class:`OptionError`. fairseq's argument parser meets it when it applies the
   architecture defaults, i.e. before any data is read; a fairseq command that does not catch it
   prints it as one line and exits with 2, as argparse does.
@@ -31,7 +32,7 @@ ROPE_INFERENCE_DEFAULTS = {
     "rope_scaling_factor": 1.0,
     "rope_scaling_original_length": 0,
 }
-ROPE_RECORDED_DEFAULTS = {"rope_trained_length": 0}
+ROPE_RECORDED_DEFAULTS = {"rope_trained_length": 0, "rope_trained_length_counts": None}
 RPE_TRAINED_DEFAULTS = {"rpe_max_distance": 16}
 
 # registered model name -> every option the plugin adds to it, with its default
@@ -86,7 +87,8 @@ def plugin_model_name(arch):
     return name if name in PLUGIN_MODEL_OPTIONS else None
 
 
-def _get(model_cfg, name, default=None):
+def config_value(model_cfg, name, default=None):
+    """``name`` of a model configuration: a dict, an argparse.Namespace or an omegaconf config."""
     if isinstance(model_cfg, dict):
         return model_cfg.get(name, default)
     try:
@@ -98,33 +100,21 @@ def _get(model_cfg, name, default=None):
 def model_config(state):
     """The model configuration saved in a fairseq checkpoint (``cfg.model`` or legacy ``args``)."""
     cfg = state.get("cfg")
-    model_cfg = _get(cfg, "model") if cfg is not None else None
+    model_cfg = config_value(cfg, "model") if cfg is not None else None
     return model_cfg if model_cfg is not None else state.get("args")
 
 
 def computation_options(model_cfg) -> dict:
     """Every option of a saved model configuration that changes what its weights compute."""
-    arch = _get(model_cfg, "arch") or _get(model_cfg, "_name")
-    values = {name: _get(model_cfg, name) for name in COMPUTATION_OPTIONS}
+    arch = config_value(model_cfg, "arch") or config_value(model_cfg, "_name")
+    values = {name: config_value(model_cfg, name) for name in COMPUTATION_OPTIONS}
     values["arch"] = arch
     for name, default in PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {}).items():
         if name in ROPE_RECORDED_DEFAULTS:
             continue
-        value = _get(model_cfg, name)
+        value = config_value(model_cfg, name)
         values[name] = default if value is None else value
     return values
-
-
-def trained_length(model_cfg) -> int:
-    """The longest sequence (tokens) a checkpoint's model was trained on; 0 if not recorded."""
-    return int(_get(model_cfg, "rope_trained_length") or 0)
-
-
-def record_trained_length(model_cfg, length: int) -> None:
-    if isinstance(model_cfg, dict):
-        model_cfg["rope_trained_length"] = int(length)
-    else:
-        setattr(model_cfg, "rope_trained_length", int(length))
 
 
 def is_plugin_option(name: str) -> bool:
@@ -138,7 +128,7 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
     may take any value; an option that defines the trained model may only restate the
     checkpoint's value; a name the checkpoint's model does not have is refused, not ignored.
     """
-    arch = _get(model_cfg, "arch") or _get(model_cfg, "_name")
+    arch = config_value(model_cfg, "arch") or config_value(model_cfg, "_name")
     known = PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {})
     for name, value in overrides.items():
         if name not in known:
@@ -148,7 +138,7 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
             )
         if name in INFERENCE_OPTIONS:
             continue
-        trained = _get(model_cfg, name)
+        trained = config_value(model_cfg, name)
         trained = known[name] if trained is None else trained
         if value != trained and name in ROPE_RECORDED_DEFAULTS:
             raise OptionError(

@@ -18,8 +18,8 @@ model: the same parameter names and shapes, and the same value of every option t
 what the weights compute (architecture, dimensions, every ``rope_*`` / ``rpe_*`` option,
 attention kind); otherwise the script stops and names the option and both files. Floating-point
 parameters are averaged in float64 and stored in their original dtype. The output keeps the
-first checkpoint's configuration, with the longest training length any input records
-(``rope_trained_length``, the L of dynamic ``--rope-scaling``), and training state (its optimizer state is dropped unless
+first checkpoint's configuration, with the training lengths of all inputs merged (the longest,
+and per length the largest count: see ``fairseq_rope/training_lengths.py``), and training state (its optimizer state is dropped unless
 ``--keep-optimizer-state``) and is written atomically: to a hidden temporary file in the output
 directory, fsynced and renamed when complete. The temporary file is removed on any error and on
 SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is removed by the next
@@ -38,9 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fairseq_rope.checkpoints import is_readable_checkpoint, save_checkpoint_atomically  # noqa: E402
-from fairseq_rope.model_options import (  # noqa: E402
-    computation_options, model_config, record_trained_length, trained_length,
-)
+from fairseq_rope.model_options import computation_options, model_config  # noqa: E402
+from fairseq_rope.training_lengths import TrainingLengths  # noqa: E402
 
 
 class CheckpointMismatch(ValueError):
@@ -90,11 +89,11 @@ def average_checkpoints(paths):
         raise ValueError("no checkpoints to average")
     first_path, first = paths[0], None
     sums, dtypes, options = collections.OrderedDict(), {}, None
-    longest_trained = 0
+    model_configs = []
     for path in paths:
         state = load_checkpoint(path)
         params = state["model"]
-        longest_trained = max(longest_trained, trained_length(model_config(state)))
+        model_configs.append(model_config(state))
         if first is None:
             first, options = state, computation_options(model_config(state))
             for k, v in params.items():
@@ -126,8 +125,8 @@ def average_checkpoints(paths):
         else:  # integer buffers (e.g. version counters): floor division, as fairseq does
             averaged[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
     first["model"] = averaged
-    if longest_trained:  # the average has been trained on everything any input has seen
-        record_trained_length(model_config(first), longest_trained)
+    # the average has been trained on everything any input has seen
+    TrainingLengths.merged(model_configs).record_in(model_config(first))
     return first
 
 

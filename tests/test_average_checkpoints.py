@@ -213,14 +213,14 @@ def test_unset_option_equals_its_default_and_training_only_options_may_differ(tm
     assert (tmp_path / "avg.pt").exists()
 
 
-def test_the_recorded_training_length_survives_averaging_as_the_longest(tmp_path):
-    # rope_trained_length (the L of dynamic --rope-scaling) is recorded, not a model option: it may differ
-    first = _rope_checkpoint(tmp_path / "a.pt", 0, rope_trained_length=21)
-    second = _rope_checkpoint(tmp_path / "b.pt", 1, rope_trained_length=23)
-    third = _rope_checkpoint(tmp_path / "c.pt", 2)  # saved before the length was recorded
-    avg.main(["--inputs", str(first), str(second), str(third), "--output", str(tmp_path / "avg.pt")])
-    saved = torch.load(tmp_path / "avg.pt", map_location="cpu", weights_only=False)
-    assert saved["cfg"]["model"].rope_trained_length == 23
+def test_averaging_merges_the_recorded_training_lengths(tmp_path):
+    early = _rope_checkpoint(tmp_path / "a.pt", 0, rope_trained_length=4, rope_trained_length_counts=[0, 2, 5, 1, 1])
+    late = _rope_checkpoint(tmp_path / "b.pt", 1, rope_trained_length=3, rope_trained_length_counts=[0, 4, 9, 2])
+    older = _rope_checkpoint(tmp_path / "c.pt", 2)  # saved before lengths were recorded
+    avg.main(["--inputs", str(early), str(late), str(older), "--output", str(tmp_path / "avg.pt")])
+    model_cfg = torch.load(tmp_path / "avg.pt", map_location="cpu", weights_only=False)["cfg"]["model"]
+    assert model_cfg.rope_trained_length == 4
+    assert model_cfg.rope_trained_length_counts == [0, 4, 9, 2, 1]
 
 
 def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):

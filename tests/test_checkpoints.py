@@ -79,6 +79,25 @@ def test_kill_while_writing_checkpoint_last_then_resume_with_the_same_command(ti
         == ["checkpoint_best.pt", "checkpoint_last.pt"]
 
 
+def saved_record(path):
+    model_cfg = torch.load(path, map_location="cpu")["cfg"]["model"]
+    return model_cfg.rope_trained_length, model_cfg.rope_trained_length_counts
+
+
+def test_a_resumed_run_records_what_an_uninterrupted_one_does(trained_40, tmp_path):
+    data_bin, straight = trained_40
+    longest, counts = saved_record(straight / "checkpoint_last.pt")
+    assert 3 <= longest <= 11 and len(counts) == longest + 1
+    halfway = next(straight.glob("checkpoint_*_20.pt"))
+    _, counts_at_20 = saved_record(halfway)
+    assert 0 < sum(counts_at_20) < sum(counts)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copyfile(halfway, resumed / "checkpoint_last.pt")
+    run_cli(["fairseq-train", *train_args(data_bin, resumed, 40)])
+    assert saved_record(resumed / "checkpoint_last.pt") == (longest, counts)
+
+
 def test_unreadable_checkpoint_last_falls_back_to_the_newest_readable(trained_40, tmp_path):
     data_bin, trained = trained_40
     save_dir = tmp_path / "ckpt"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import build_model
-from fairseq_rope.model_options import OptionError, check_model_overrides
+from fairseq_rope.model_options import OptionError
 from fairseq_rope.modules.rotary import dynamic_factors
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
@@ -163,19 +163,3 @@ def test_the_recorded_training_length_sets_L_and_the_flag_wins():
     assert rotary.original_length == 12
     args.rope_scaling_original_length = 30
     assert type(model).attention_factory(args).rotary_embedding(64, 2).original_length == 30
-
-
-def test_the_recorded_training_length_is_tracked_in_training_and_not_overridden():
-    model, d, _ = build_model("transformer_rope_tiny")
-    assert model.trained_length == 0
-    model.train()
-    model(*batch(d, [5, 9], target_length=7))
-    model(*batch(d, [4], target_length=11))
-    assert model.trained_length == 11
-    model.eval()
-    model(*batch(d, [30]))  # inference does not count
-    assert model.trained_length == 11
-    saved = {"arch": "transformer_rope_tiny", "rope_trained_length": 11}
-    check_model_overrides(saved, {"rope_trained_length": 11}, "ckpt.pt")  # restating is allowed
-    with pytest.raises(OptionError, match="rope_trained_length=20 differs from what training recorded"):
-        check_model_overrides(saved, {"rope_trained_length": 20}, "ckpt.pt")

@@ -5,6 +5,7 @@ encoder and decoder self-attention rotate queries and keys instead (and, with
 ``--rope-cross-attention``, the encoder-decoder attention too).
 """
 
+import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     base_architecture,
@@ -24,6 +25,7 @@ from ..modules.linear_rotary_attention import LinearRotaryAttention
 from ..modules.rotary import DYNAMIC_SCALINGS, LAYOUTS, SCALINGS, check_layout, check_scaling, rotary_dim_for
 from ..modules.rotary_embedding import shared_rotary_embedding
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention
+from ..training_lengths import TrainingLengths, recorded_training_length
 from .positional_transformer import AttentionFactory, PositionalTransformerModel, define_architecture
 
 ATTENTION_KINDS = ("softmax", "linear")
@@ -44,7 +46,7 @@ def check_rope_options(args) -> None:
 
 def training_length(args) -> int:
     """L of the length scalings: --rope-scaling-original-length, else what training recorded."""
-    return args.rope_scaling_original_length or args.rope_trained_length or 0
+    return args.rope_scaling_original_length or recorded_training_length(args)
 
 
 class RotaryAttentions(AttentionFactory):
@@ -100,9 +102,10 @@ ROPE_OPTIONS = (
     ("--rope-scaling-factor", dict(type=float, metavar="S",
                                    help="length extension factor s >= 1 for --rope-scaling (default: 1)")),
     ("--rope-scaling-original-length", dict(type=int, metavar="L",
-                                            help="L, the longest sequence (tokens) seen in training, for "
-                                                 "--rope-scaling yarn and dynamic-*; overrides the length "
-                                                 "the checkpoint records (default: 0, unset)")),
+                                            help="L, the training length (tokens) of --rope-scaling yarn "
+                                                 "and dynamic-*; overrides the one the checkpoint records: "
+                                                 "the length 99%% of training sequences do not exceed "
+                                                 "(default: 0, unset)")),
 )
 
 
@@ -116,12 +119,14 @@ class TransformerRopeModel(PositionalTransformerModel):
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
-        model.trained_length = int(args.rope_trained_length or 0)  # saved by checkpoints.py
+        model.training_lengths = TrainingLengths(args)  # saved by checkpoints.py
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
-        if self.training:  # batch widths: the longest source and target, known without a device sync
-            self.trained_length = max(self.trained_length, src_tokens.size(1), prev_output_tokens.size(1))
+        if self.training:
+            lengths = torch.cat([src_tokens.ne(self.encoder.padding_idx).sum(1),
+                                 prev_output_tokens.ne(self.decoder.padding_idx).sum(1)])
+            self.training_lengths.count(lengths, max(src_tokens.size(1), prev_output_tokens.size(1)))
         return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
 

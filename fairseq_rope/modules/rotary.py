@@ -132,8 +132,8 @@ def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0)
     if scaling in ("yarn", *DYNAMIC_SCALINGS) and not original_length > 0:
         raise OptionError(
             f"--rope-scaling {scaling} needs the training length L, which the checkpoint does not record "
-            "(saved by an older version, or no checkpoint yet): pass --rope-scaling-original-length L, the longest "
-            "sequence, in tokens, seen in training"
+            "(saved by an older version, or no checkpoint yet): pass --rope-scaling-original-length L, a length "
+            "in tokens that almost every training source and target does not exceed"
         )
 
 
