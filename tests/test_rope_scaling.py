@@ -104,8 +104,8 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
         "--num-workers", "0", "--log-format", "simple",
     ])
 
-    def generate(overrides):
-        args = ["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "checkpoint_last.pt",
+    def generate(overrides, checkpoint="checkpoint_last.pt"):
+        args = ["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / checkpoint,
                 "--beam", "2", "--batch-size", "20", "--gen-subset", "test", "--num-workers", "0"]
         if overrides:
             args += ["--model-overrides", overrides]
@@ -127,6 +127,13 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
     assert len(generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 2.0}")) == n_test
     # an explicit L wins; above every test length, dynamic scaling is plain RoPE
     assert generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 64}") == plain
+    # L is the length 99 % of the recorded sequences do not exceed, not the longest
+    state["cfg"]["model"].rope_trained_length = 11
+    state["cfg"]["model"].rope_trained_length_counts = [0] * 5 + [99] + [0] * 5 + [1]
+    torch.save(state, save / "skewed.pt")
+    skewed = generate("{'rope_scaling': 'dynamic-yarn'}", "skewed.pt")
+    assert skewed == generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 5}")
+    assert skewed != generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 11}")
     del state["cfg"]["model"].rope_trained_length  # a checkpoint saved before L was recorded
     del state["cfg"]["model"].rope_trained_length_counts
     torch.save(state, save / "old.pt")
