@@ -75,3 +75,9 @@ def test_the_record_is_not_an_option_to_override():
         check_model_overrides(saved, {"rope_trained_length": 20}, "ckpt.pt")
     with pytest.raises(OptionError, match="differs from what training recorded"):
         check_model_overrides(saved, {"rope_trained_length_counts": [0, 3, 6]}, "ckpt.pt")
+
+
+def test_the_L_a_scaled_model_uses_is_logged(caplog):
+    with caplog.at_level("INFO", logger="fairseq_rope.models.transformer_rope"):
+        build_model("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", 7)
+    assert "--rope-scaling dynamic-yarn: L = 7 tokens (--rope-scaling-original-length)" in caplog.text

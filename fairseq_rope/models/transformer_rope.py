@@ -5,6 +5,8 @@ encoder and decoder self-attention rotate queries and keys instead (and, with
 ``--rope-cross-attention``, the encoder-decoder attention too).
 """
 
+import logging
+
 import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -29,6 +31,7 @@ from ..training_lengths import TrainingLengths, recorded_training_length
 from .positional_transformer import AttentionFactory, PositionalTransformerModel, define_architecture
 
 ATTENTION_KINDS = ("softmax", "linear")
+logger = logging.getLogger(__name__)
 
 
 def check_rope_options(args) -> None:
@@ -120,6 +123,10 @@ class TransformerRopeModel(PositionalTransformerModel):
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         model.training_lengths = TrainingLengths(args)  # saved by checkpoints.py
+        if args.rope_scaling in ("yarn", *DYNAMIC_SCALINGS):
+            source = ("--rope-scaling-original-length" if args.rope_scaling_original_length
+                      else "recorded in training")
+            logger.info(f"--rope-scaling {args.rope_scaling}: L = {training_length(args)} tokens ({source})")
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
