@@ -71,7 +71,7 @@ from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
-RESULT_FORMAT = 3  # result.json of older harness versions are not reused
+RESULT_FORMAT = 3  # format 2 is upgraded (its trained model kept, its decodes redone); older is rerun
 # fairseq_rope.modules.rotary.DYNAMIC_SCALINGS, named here so that parsing arguments needs no torch
 # (tests/test_compare_harness.py checks that the two agree)
 DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")

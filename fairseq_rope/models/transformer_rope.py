@@ -130,9 +130,8 @@ class TransformerRopeModel(PositionalTransformerModel):
         return model
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, *args, **kwargs):
-        if self.training:
-            lengths = torch.cat([src_tokens.ne(self.encoder.padding_idx).sum(1),
-                                 prev_output_tokens.ne(self.decoder.padding_idx).sum(1)])
+        if self.training:  # src_lengths: the non-pad source tokens, as fairseq's datasets count them
+            lengths = torch.cat([src_lengths, prev_output_tokens.ne(self.decoder.padding_idx).sum(1)])
             self.training_lengths.count(lengths, max(src_tokens.size(1), prev_output_tokens.size(1)))
         return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
 
