@@ -280,13 +280,18 @@ avg.main(sys.argv[1:])
 
 
 def _average_until_writing(tmp_path, paths, out):
+    import signal
     import subprocess
     import sys
 
+    # A shell without job control starts background commands with SIGINT ignored, and Python
+    # keeps an inherited SIG_IGN: restore the default so that the child's SIGINT is Ctrl-C's
+    # KeyboardInterrupt however the test suite itself was started.
     proc = subprocess.Popen(
         [sys.executable, "-c", HANG_WHILE_WRITING.format(scripts=str(REPO / "scripts")),
          "--inputs", *map(str, paths), "--output", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "WRITING", proc.stderr.read()
     return proc
 
