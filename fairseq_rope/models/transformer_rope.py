@@ -24,7 +24,9 @@ from ..model_options import (
     check_finite_positive,
 )
 from ..modules.linear_rotary_attention import LinearRotaryAttention
-from ..modules.rotary import DYNAMIC_SCALINGS, LAYOUTS, SCALINGS, check_layout, check_scaling, rotary_dim_for
+from ..modules.rotary import (
+    DYNAMIC_SCALINGS, LAYOUTS, LENGTH_SCALINGS, SCALINGS, check_layout, check_scaling, rotary_dim_for,
+)
 from ..modules.rotary_embedding import shared_rotary_embedding
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention
 from ..training_lengths import TrainingLengths, recorded_training_length
@@ -123,7 +125,7 @@ class TransformerRopeModel(PositionalTransformerModel):
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         model.training_lengths = TrainingLengths(args)  # saved by checkpoints.py
-        if args.rope_scaling in ("yarn", *DYNAMIC_SCALINGS):
+        if args.rope_scaling in LENGTH_SCALINGS:
             source = ("--rope-scaling-original-length" if args.rope_scaling_original_length
                       else "recorded in training")
             logger.info(f"--rope-scaling {args.rope_scaling}: L = {training_length(args)} tokens ({source})")

@@ -102,6 +102,8 @@ ROPE_SCALINGS: Dict[str, Callable[[int, float, float, int], Tuple[Tensor, float]
 }
 SCALINGS = tuple(ROPE_SCALINGS)
 DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
+# the scalings that need L, the training length (--rope-scaling-original-length or recorded)
+LENGTH_SCALINGS = ("yarn", *DYNAMIC_SCALINGS)
 
 
 def dynamic_factors(source_lengths: Tensor, original_length: int) -> Tensor:
@@ -129,7 +131,7 @@ def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0)
         raise OptionError(
             f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}"
         )
-    if scaling in ("yarn", *DYNAMIC_SCALINGS) and not original_length > 0:
+    if scaling in LENGTH_SCALINGS and not original_length > 0:
         raise OptionError(
             f"--rope-scaling {scaling} needs the training length L, which the checkpoint does not record "
             "(saved by an older version, or no checkpoint yet): pass --rope-scaling-original-length L, a length "
