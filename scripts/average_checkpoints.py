@@ -17,14 +17,13 @@ Checkpoints are loaded with torch's safe default (``weights_only=True``; importi
 model: the same parameter names and shapes, and the same value of every option that changes
 what the weights compute (architecture, dimensions, every ``rope_*`` / ``rpe_*`` option,
 attention kind); otherwise the script stops and names the option and both files. Floating-point
-parameters are averaged in float64 and stored in their original dtype. The output keeps the
-first checkpoint's configuration, with the training lengths of all inputs merged (the longest,
-and per length the largest count: see ``fairseq_rope/training_lengths.py``), and training
-state (its optimizer state is dropped unless ``--keep-optimizer-state``) and is written
-atomically: to a hidden temporary file in the output directory, fsynced and renamed when
-complete. The temporary file is removed on any error and on
-SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is removed by the next
-write of the same output.
+parameters are averaged in float64 and stored in their original dtype. The output keeps the first
+checkpoint's configuration, with the training lengths of all inputs merged (the longest, and per
+length the largest count: see ``fairseq_rope/training_lengths.py``), and training state (its
+optimizer state is dropped unless ``--keep-optimizer-state``) and is written atomically: to a hidden
+temporary file in the output directory, fsynced and renamed when complete. The temporary file is
+removed on any error and on SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is
+removed by the next write of the same output.
 """
 
 import argparse
