@@ -17,14 +17,32 @@ dictionary's tokens, with nothing added by the caller.
 
 A model the engine cannot represent (rotary cross-attention, RoPER, linear attention, ntk or
 yarn scaling, Shaw relative positions, ...) is refused before anything is written, with one line
-that names the flag. The output directory is written to a hidden temporary directory beside it
-and renamed when complete; ``export_info.json`` inside records the checkpoint it came from.
+that names the flag; so is a checkpoint that cannot be loaded, or a data-bin whose dictionaries
+do not fit its embeddings.
+
+The output rule: the export replaces only what it wrote. ``--output-dir`` must be a new path;
+with ``--force`` it may also be an empty directory or an earlier export, recognised by its
+``export_info.json`` and ``model.bin`` (and no file an export does not write). Any other
+directory, one that holds the checkpoint or the data-bin above all, is refused in one line and
+left as it is. The model is written into a hidden workspace beside the output
+(``.NAME.XXXXXXXX.tmp``), renamed onto it when complete, and the export it replaces is deleted
+last; a workspace that a killed export left is removed by the next export to the same name.
+
+``export_info.json`` records the checkpoint the model came from: its real path, and the size and
+sha256 of the bytes that were converted (hashed before and after loading; a checkpoint replaced
+meanwhile is refused), which ``--if-changed`` compares; and the model's ``max_source_positions``
+and ``max_target_positions``.
 """
 
 import argparse
+import contextlib
+import errno
+import fcntl
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -33,16 +51,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fairseq_rope  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
-from fairseq_rope.atomic_files import current_umask  # noqa: E402
+from fairseq_rope.checkpoints import is_readable_checkpoint  # noqa: E402
 from fairseq_rope.model_options import OptionError, model_config, registered_model_name  # noqa: E402
 from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS  # noqa: E402
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 EXPORT_INFO = "export_info.json"
+# what an export holds: CTranslate2's files for a translation model (.txt: older versions), and ours
+EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO} | {
+    f"{kind}vocabulary.{ext}" for kind in ("", "shared_", "source_", "target_") for ext in ("json", "txt")})
 
 
 class ExportRefused(ValueError):
     """The checkpoint's model has something CTranslate2 cannot compute; the message names it."""
+
+
+class ExportError(ValueError):
+    """An input that cannot be exported, or an output that must not be written; the message names
+    the flag and what to do."""
 
 
 def check_exportable(args) -> None:
@@ -149,17 +175,19 @@ def _set_inputs(spec, module, ct2_fairseq):
 
 
 def _checkpoint_identity(path):
-    stat = os.stat(path)
-    digest = hashlib.sha256()
+    """The file's real path, and the size and sha256 of the bytes read now."""
+    digest, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
-    return {"checkpoint": os.path.realpath(path), "size": stat.st_size, "sha256": digest.hexdigest()}
+            size += len(block)
+    return {"checkpoint": os.path.realpath(path), "size": size, "sha256": digest.hexdigest()}
 
 
 def is_current(output_dir, checkpoint, quantization="none", overrides=None) -> bool:
     """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
-    quantization and inference overrides."""
+    quantization and inference overrides, and records the model's length limits (an export
+    from before they were recorded is not current)."""
     info_path = os.path.join(output_dir, EXPORT_INFO)
     if not os.path.isfile(os.path.join(output_dir, "model.bin")) or not os.path.isfile(info_path):
         return False
@@ -168,28 +196,193 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None) -> b
             info = json.load(f)
     except (OSError, ValueError):
         return False
+    if not isinstance(info, dict) or "max_source_positions" not in info:
+        return False
     if (info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
             quantization, overrides or {}, os.path.getsize(checkpoint)):
         return False
     return info.get("sha256") == _checkpoint_identity(checkpoint)["sha256"]
 
 
+# --- the output rule: replace only an earlier export ------------------------------------------
+def _is_export(directory) -> bool:
+    """An export this tool wrote: export_info.json and model.bin, and no file it does not write."""
+    try:
+        entries = list(os.scandir(directory))
+        with open(os.path.join(directory, EXPORT_INFO), encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return (isinstance(info, dict) and "sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
+            and all(e.name in EXPORT_FILES and e.is_file(follow_symlinks=False) for e in entries))
+
+
+def check_output_dir(output_dir, checkpoint, data_bin, force) -> None:
+    """Raise ExportError unless ``output_dir`` may be written: a new path; with ``force``, an
+    empty directory or an earlier export. Never a directory that holds the inputs."""
+    flag = f"--output-dir {output_dir}"
+    target = os.path.realpath(output_dir)
+    for input_flag, path in (("--checkpoint", checkpoint), ("--data-bin", data_bin)):
+        real = os.path.realpath(path)
+        if real == target or real.startswith(target.rstrip(os.sep) + os.sep):
+            raise ExportError(f"{flag} holds {input_flag} {path}, which an export there would delete: "
+                              f"choose a new directory, e.g. {os.path.join(output_dir, 'ct2')}")
+    if not os.path.lexists(target):
+        return
+    if not os.path.isdir(target):
+        raise ExportError(f"{flag} is a file, not a directory: choose a new directory or an earlier export")
+    if os.listdir(target) and not _is_export(target):
+        raise ExportError(f"{flag} is not an export (one holds export_info.json, model.bin and CTranslate2's "
+                          "files, nothing else): nothing in it is replaced; choose a new or empty directory")
+    if not force:
+        raise ExportError(f"{flag} exists: pass --force to replace it")
+
+
+def _workspace_pattern(target):
+    """The hidden directories an export into ``target`` works in (``.old``: from older versions);
+    mkdtemp's 8 characters, so that another output's (``ct2.int8`` beside ``ct2``) never match."""
+    return re.compile(rf"\.{re.escape(os.path.basename(target))}\.[a-z0-9_]{{8}}\.(tmp|old)")
+
+
+@contextlib.contextmanager
+def _locked(directory):
+    """Try to hold an exclusive lock on ``directory`` while the block runs; yields whether it is
+    held (not when another process holds it, or the file system has no locks). A running export
+    holds its workspace's, so that another one never takes it for a leftover."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except OSError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+def remove_stale_workspaces(target) -> None:
+    """Delete the hidden workspaces that killed exports into ``target`` left (SIGKILL runs no
+    clean-up); those of running exports are locked, and kept."""
+    pattern = _workspace_pattern(target)
+    for entry in os.scandir(os.path.dirname(target)):
+        if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            with _locked(entry.path) as stale:
+                if stale:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+        except FileNotFoundError:  # its export has just finished
+            pass
+
+
+def _write_failure(output_dir, error: OSError) -> str:
+    advice = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
+              errno.EACCES: "make its parent writable", errno.EPERM: "make its parent writable",
+              errno.EROFS: "choose a writable file system"}.get(error.errno, "check it")
+    reason = error.strerror or str(error)
+    return f"--output-dir {output_dir}: cannot write it ({reason}): {advice}, or choose another --output-dir"
+
+
+def write_export(output_dir, write_model, info, checkpoint, data_bin, force) -> str:
+    """``write_model(dir)`` and ``info`` into a hidden workspace beside ``output_dir``, renamed
+    onto it when complete; the export it replaces is removed last. Returns the real path."""
+    target = os.path.realpath(output_dir)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        remove_stale_workspaces(target)
+        workspace = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                                     dir=os.path.dirname(target))
+        try:
+            with _locked(workspace):
+                model_dir = os.path.join(workspace, "model")
+                write_model(model_dir)
+                with open(os.path.join(model_dir, EXPORT_INFO), "w", encoding="utf-8") as f:
+                    json.dump(info, f, indent=1)
+                check_output_dir(output_dir, checkpoint, data_bin, force)  # again: the conversion took a while
+                if os.path.lexists(target):
+                    os.rename(target, os.path.join(workspace, "replaced"))
+                os.rename(model_dir, target)
+        finally:
+            shutil.rmtree(workspace, ignore_errors=True)
+    except OSError as e:
+        raise ExportError(_write_failure(output_dir, e)) from e
+    return target
+
+
+# --- the inputs -------------------------------------------------------------------------------
+def load_checkpoint(checkpoint, data_bin, overrides):
+    """The checkpoint's state and the identity of the bytes it was loaded from: hashed before and
+    after loading, refused if they differ (replaced while it was read)."""
+    from fairseq import checkpoint_utils
+
+    flag = f"--checkpoint {checkpoint}"
+    try:
+        identity = _checkpoint_identity(checkpoint)
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint,
+                                                        arg_overrides={"data": data_bin, **(overrides or {})})
+        unchanged = _checkpoint_identity(checkpoint)["sha256"] == identity["sha256"]
+    except OptionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch and fairseq raise anything on a bad file
+        raise ExportError(f"{flag} {_why_unloadable(checkpoint, e)}: pass a checkpoint written by fairseq-train "
+                          "or scripts/average_checkpoints.py") from e
+    if not unchanged:
+        raise ExportError(f"{flag} changed while it was read (is a training writing it?): export again "
+                          "once it is written")
+    if not isinstance(state.get("model"), dict) or model_config(state) is None:
+        raise ExportError(f"{flag} is not a fairseq checkpoint (no model weights or configuration)")
+    return state, identity
+
+
+def _why_unloadable(checkpoint, error) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"cannot be read ({error.strerror})"
+    if not is_readable_checkpoint(checkpoint):  # a torch zip archive lacks its directory
+        return "is not a complete checkpoint (empty, truncated, or not written by torch.save)"
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"cannot be loaded ({type(error).__name__}{': ' + detail if detail else ''})"
+
+
+def setup_task(state, checkpoint, data_bin):
+    """The translation task with the dictionaries of ``data_bin``, checked against the weights."""
+    from fairseq import tasks
+
+    flag, advice = f"--data-bin {data_bin}", f"pass the data-bin {checkpoint} was trained on"
+    task_cfg = state["cfg"].task
+    if not glob.glob(os.path.join(glob.escape(data_bin), "dict.*.txt")):
+        raise ExportError(f"{flag} holds no dictionary (dict.*.txt): {advice}")
+    try:
+        task = tasks.setup_task(task_cfg)
+    except Exception as e:  # noqa: BLE001 - fairseq raises plain Exceptions on a bad data-bin
+        raise ExportError(f"{flag}: cannot read its dictionaries ({str(e).splitlines()[0]}): {advice}") from e
+    for side, lang, dictionary in (("encoder", task.cfg.source_lang, task.source_dictionary),
+                                   ("decoder", task.cfg.target_lang, task.target_dictionary)):
+        rows = state["model"].get(f"{side}.embed_tokens.weight")
+        if rows is not None and rows.shape[0] != len(dictionary):
+            raise ExportError(f"{flag} does not belong to --checkpoint {checkpoint}: its dict.{lang}.txt gives "
+                              f"{len(dictionary)} tokens, the {side}'s embeddings have {rows.shape[0]}: {advice}")
+    return task
+
+
 def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None):
-    """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its path.
-    ``overrides``: inference options, as ``--model-overrides`` takes them at generate time."""
+    """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its real path.
+    ``overrides``: inference options, as ``--model-overrides`` takes them at generate time.
+    ``force`` replaces an earlier export (or an empty directory), nothing else."""
     import torch
     from ctranslate2.converters.converter import Converter
-    from fairseq import checkpoint_utils, tasks
 
-    output_dir = os.path.abspath(output_dir)
-    if os.path.exists(output_dir) and not force:
-        raise FileExistsError(f"--output-dir {output_dir} exists: pass --force to replace it")
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides={"data": data_bin, **(overrides or {})})
+    check_output_dir(output_dir, checkpoint, data_bin, force)
+    state, identity = load_checkpoint(checkpoint, data_bin, overrides)
     args = model_config(state)
     check_exportable(args)
-    task = tasks.setup_task(state["cfg"].task)
+    task = setup_task(state, checkpoint, data_bin)
     model = task.build_model(args)
-    model.load_state_dict(state["model"], strict=True)
+    try:
+        model.load_state_dict(state["model"], strict=True)
+    except RuntimeError as e:
+        raise ExportError(f"--checkpoint {checkpoint}: its weights do not fit the model its configuration "
+                          f"describes ({str(e).splitlines()[0]})") from e
     model.eval()
 
     class _Converter(Converter):
@@ -197,37 +390,27 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
             with torch.no_grad():  # the helpers call .numpy() on the parameters
                 return build_spec(args, model, task)
 
-    parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.", suffix=".tmp", dir=parent)
-    try:
-        _Converter().convert(tmp, quantization=None if quantization == "none" else quantization, force=True)
-        info = dict(_checkpoint_identity(checkpoint), data_bin=os.path.realpath(data_bin),
-                    quantization=quantization, arch=args.arch, overrides=overrides or {})
-        with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=1)
-        os.chmod(tmp, 0o777 & ~current_umask())
-        if os.path.exists(output_dir):  # --force: swap, then remove the old one
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.", suffix=".old", dir=parent)
-            os.rename(output_dir, os.path.join(old, "model"))
-            os.rename(tmp, output_dir)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return output_dir
+    info = dict(identity, data_bin=os.path.realpath(data_bin), quantization=quantization, arch=args.arch,
+                overrides=overrides or {}, max_source_positions=args.max_source_positions,
+                max_target_positions=args.max_target_positions)
+    weights = None if quantization == "none" else quantization
+    return write_export(output_dir, lambda model_dir: _Converter().convert(model_dir, quantization=weights),
+                        info, checkpoint, data_bin, force)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="fairseq checkpoint (.pt), e.g. an average of the last 5")
     p.add_argument("--data-bin", required=True, help="the fairseq data-bin the model was trained on (dictionaries)")
-    p.add_argument("--output-dir", required=True, help="CTranslate2 model directory to write")
+    p.add_argument("--output-dir", required=True,
+                   help="CTranslate2 model directory to write: a new path (or, with --force, an empty directory "
+                        "or an earlier export)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="weight type of the exported model (default: none, i.e. float32)")
-    p.add_argument("--force", action="store_true", help="replace --output-dir if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace --output-dir if it is an earlier export (export_info.json) or empty; any "
+                        "other directory is refused")
     p.add_argument("--if-changed", action="store_true",
                    help="do nothing when --output-dir already holds an export of this checkpoint (size and "
                         "sha256) with the same --quantization and scaling; otherwise export (with --force: over it)")
@@ -246,11 +429,13 @@ def main(argv=None):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
     # SIGTERM unwinds like Ctrl-C: the temporary directory is removed
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides)
-    except (ExportRefused, OptionError, FileExistsError) as e:
+    except (ExportRefused, ExportError, OptionError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"wrote {out} ({args.quantization})", file=sys.stderr)
 
 

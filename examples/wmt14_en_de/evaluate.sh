@@ -3,8 +3,10 @@
 #   ENGINE=fairseq (default): fairseq-generate --beam 4 --lenpen 0.6 --remove-bpe (Vaswani et al.'s decoding)
 #   ENGINE=ctranslate2: export the checkpoint to CTranslate2 (scripts/export_ctranslate2.py, into
 #     CT2_DIR; skipped when CT2_DIR was exported from this same checkpoint: size and sha256 in its
-#     export_info.json) and decode the BPE'd test source WORK_DIR/bpe/SUBSET.SRC with
-#     scripts/translate.py: the same beam, length penalty and 200-token limit, BPE removed the same way
+#     export_info.json; CT2_DIR is replaced only if it holds an earlier export: any other directory,
+#     e.g. SAVE_DIR, is refused and left as it is) and decode the BPE'd test source
+#     WORK_DIR/bpe/SUBSET.SRC with scripts/translate.py: the same beam, length penalty and
+#     200-token limit, BPE removed the same way
 #   -> tokenized BLEU with compound splitting (the convention behind the paper's 27.3 / 27.5)
 #   -> sacreBLEU on detokenized output, with its signature
 # Files written to OUT_DIR: generate.out (fairseq's full output; fairseq engine), hyp.tok.TGT
@@ -115,10 +117,14 @@ else
     n_src=$(wc -l < "$BPE_SRC")
     [[ "$n_src" -eq "$n_ref" ]] || die "$BPE_SRC has $n_src lines but the reference $REF_TOK has $n_ref"
 
-    # 1. export, unless CT2_DIR already holds this very checkpoint (size, sha256) at this quantization
+    # 1. export, unless CT2_DIR already holds this very checkpoint (size, sha256) at this quantization.
+    # --force replaces an earlier export only; the exporter's one-line refusal is the message
     python "$ROOT/scripts/export_ctranslate2.py" --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
         --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" --if-changed --force > "$OUT_DIR/export.log" 2>&1 \
-        || { grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 5 >&2; die "export to CTranslate2 failed (log: $OUT_DIR/export.log)"; }
+        || { refusal="$(sed -n 's/^export_ctranslate2\.py: error: //p' "$OUT_DIR/export.log" | tail -n 1)"
+             [[ -z "$refusal" ]] || die "export to CTranslate2 refused (CT2_DIR is its --output-dir): $refusal"
+             grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 5 >&2
+             die "export to CTranslate2 failed (log: $OUT_DIR/export.log)"; }
     grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 1 | sed 's/^/[evaluate] /' >&2
 
     # 2. decode the BPE'd source: tokenized hypotheses, BPE removed as fairseq-generate does
