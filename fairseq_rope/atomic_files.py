@@ -15,8 +15,10 @@ def write_atomically(path, write) -> None:
     ``.NAME.XXXX.tmp`` in the same directory (the rename cannot cross file systems, and no
     checkpoint or corpus pattern matches it); it is removed on any exception, KeyboardInterrupt
     and SystemExit included, and a later write of ``path`` removes what a SIGKILL left. A full
-    disk is reported with the path."""
-    path = os.path.abspath(os.fspath(path))
+    disk is reported with the path. A symlink stays a symlink: its target is what is replaced
+    (as ``open(path, "w")`` would write through it), with the temporary file beside the target."""
+    named = os.path.abspath(os.fspath(path))  # as the caller named it, for the message
+    path = os.path.realpath(named)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     os.close(fd)
     try:
@@ -29,7 +31,7 @@ def write_atomically(path, write) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if _is_disk_full(e):
-            raise OSError(errno.ENOSPC, f"no space left on device while writing {path}") from e
+            raise OSError(errno.ENOSPC, f"no space left on device while writing {named}") from e
         raise
     fd = os.open(os.path.dirname(path), os.O_RDONLY)  # the rename itself survives a power cut
     try:

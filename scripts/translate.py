@@ -22,23 +22,33 @@ invalid UTF-8 byte stops the script with the file and line unless ``--replace-in
 ``--output`` is written atomically (a temporary file renamed when complete); without it the
 translations go to stdout.
 
+Both engines refuse a line longer than the model's source positions (its BPE tokens and the
+``</s>`` appended, as fairseq counts them: ``max_source_positions`` of the checkpoint, or as the
+export recorded it in ``export_info.json``); ``--max-source-positions`` sets another limit. Before
+anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's dictionaries
+token for token in order, ``--src``/``--tgt`` the data-bin's direction, and every output path
+writable (a symlinked ``--output`` keeps the link; its target is replaced).
+
 ``--input-format bpe`` takes lines already tokenized and BPE'd (as ``bpe/test.SRC``) and
 ``--output-format tok`` writes Moses-tokenized hypotheses with the BPE removed (as ``hyp.tok.TGT``
 of evaluate.sh): examples/wmt14_en_de/evaluate.sh decodes the test set this way with ENGINE=ctranslate2.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "examples" / "wmt14_en_de"))
 import text_tools  # noqa: E402  (the recipe's tokenizer, step records and strict line reader)
-from common import write_lines, write_text_atomically  # noqa: E402
+from common import ArgumentParser, write_lines, write_text_atomically  # noqa: E402
 from text_lines import InputError  # noqa: E402
 
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
@@ -50,12 +60,31 @@ FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 
 
+EXPORT_INFO = "export_info.json"  # written by scripts/export_ctranslate2.py
+
+
 class Refused(Exception):
     """A bad flag, file or combination: reported as one line naming it, exit status 2."""
 
 
 def say(message):
     print(f"[translate] {message}", file=sys.stderr)
+
+
+def first_line(error, limit=200):
+    """An exception's message, shortened to fit in a one-line refusal."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_json(path, flag, default):
+    """The JSON in ``path``, or ``default`` when there is no such file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError) as e:
+        raise Refused(f"{flag}: cannot read {path} ({first_line(e)}): export the model again") from None
 
 
 # --- the prepared work directory ------------------------------------------------------------
@@ -72,14 +101,20 @@ def step_options(directory, name):
 
 
 def dict_tokens(path):
-    """The tokens of a fairseq dict.L.txt ("token count [#fairseq:overwrite]" per line)."""
+    """The tokens of a fairseq dict.L.txt in order, read as fairseq's Dictionary.add_from_file
+    reads them ("token count [#fairseq:overwrite]" per line, universal newlines)."""
     tokens = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            parts = line.rstrip("\n").split(" ")
-            if parts and parts[-1].startswith("#fairseq:"):
-                parts = parts[:-1]
-            tokens.append(" ".join(parts[:-1]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                word, _, count = line.rstrip().rpartition(" ")
+                if count == "#fairseq:overwrite":
+                    word, _, count = word.rpartition(" ")
+                if not count.isdigit():
+                    raise ValueError(f"line {number} is not 'token count'")
+                tokens.append(word)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Refused(f"--data-bin: {path} is not a fairseq dictionary ({first_line(e)}): rerun prepare.sh") from None
     return tokens
 
 
@@ -108,6 +143,16 @@ def remove_bpe(line, bpe_type):
     return (line + " ").replace("@@ ", "").rstrip()
 
 
+@contextlib.contextmanager
+def unreadable_as_refused(work_dir, path, kind):
+    """A BPE file that its library cannot read (binary, truncated, another format) is refused by name."""
+    try:
+        yield
+    except (UnicodeDecodeError, ValueError, IndexError, RuntimeError, OSError) as e:
+        raise Refused(f"--work-dir {work_dir}: {path} is not {kind} ({first_line(e)}): rerun prepare.sh, or give "
+                      "the work dir the model was trained on") from None
+
+
 class Segmenter:
     """raw line -> the source tokens the model was trained on, as prepare.sh made them."""
 
@@ -124,9 +169,9 @@ class Segmenter:
             threshold = (step_options(bpe_dir, "bpe") or {}).get("BPE_VOCAB_THRESHOLD", "50")
             from subword_nmt.apply_bpe import BPE, read_vocabulary
 
-            with open(vocab, encoding="utf-8") as v:
+            with unreadable_as_refused(work_dir, vocab, "a subword-nmt vocabulary"), open(vocab, encoding="utf-8") as v:
                 vocabulary = read_vocabulary(v, int(threshold))
-            with open(codes, encoding="utf-8") as c:
+            with unreadable_as_refused(work_dir, codes, "subword-nmt BPE codes"), open(codes, encoding="utf-8") as c:
                 self.bpe = BPE(c, vocab=vocabulary)  # as `subword-nmt apply-bpe -c --vocabulary ...`
         else:
             model = bpe_dir / "spm.model"
@@ -134,7 +179,8 @@ class Segmenter:
                 raise Refused(f"--work-dir {work_dir}: no {model} (sentencepiece BPE)")
             import sentencepiece
 
-            self.spm = sentencepiece.SentencePieceProcessor(model_file=str(model))
+            with unreadable_as_refused(work_dir, model, "a sentencepiece model"):
+                self.spm = sentencepiece.SentencePieceProcessor(model_file=str(model))
         if self.tokenize:
             text_tools._init_tokenizer(src)
 
@@ -166,22 +212,57 @@ class CTranslate2Engine:
         if args.compute_type not in supported:
             raise Refused(f"--compute-type {args.compute_type} is not supported by CTranslate2 on {args.device} "
                           f"(supported: {', '.join(sorted(supported))})")
+        self.max_source = args.max_source_positions or self.recorded_max_source(model_dir)
         self.options = dict(beam_size=args.beam, length_penalty=args.lenpen, max_decoding_length=args.max_len,
-                            max_input_length=0)
-        self.translator = ctranslate2.Translator(str(model_dir), device=args.device, compute_type=args.compute_type,
-                                                 intra_threads=args.threads, inter_threads=1)
+                            max_input_length=0)  # no silent truncation: main refuses what is too long
+        try:
+            self.translator = ctranslate2.Translator(str(model_dir), device=args.device,
+                                                     compute_type=args.compute_type, intra_threads=args.threads,
+                                                     inter_threads=1)
+        except (RuntimeError, ValueError) as e:
+            raise Refused(f"--model-dir {model_dir}: CTranslate2 cannot load {model_dir / 'model.bin'} "
+                          f"({first_line(e)}): export it again with scripts/export_ctranslate2.py") from None
+
+    @staticmethod
+    def recorded_max_source(model_dir):
+        """The model's max_source_positions as the export recorded it (export_info.json, else
+        config.json), or None with a warning: CTranslate2 itself has no limit for RoPE models and
+        would take any length, up to running out of memory."""
+        for name in (EXPORT_INFO, "config.json"):
+            recorded = read_json(Path(model_dir) / name, "--model-dir", {})
+            limit = recorded.get("max_source_positions") if isinstance(recorded, dict) else None
+            if isinstance(limit, int) and limit > 1:
+                return limit
+        say(f"--model-dir {model_dir}: the export records no max_source_positions (exported by an older "
+            "export_ctranslate2.py): no input-length limit is known; export it again, or pass --max-source-positions")
+        return None
 
     @staticmethod
     def vocabulary(model_dir, side):
-        """The model's source or target vocabulary (list), or None if it cannot be read."""
+        """(path, the model's source or target vocabulary as a list), or (None, None) without one."""
         for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
             path = Path(model_dir) / name
             if path.is_file():
-                return json.loads(path.read_text(encoding="utf-8"))
-        return None
+                vocab = read_json(path, "--model-dir", None)
+                if not isinstance(vocab, list):
+                    raise Refused(f"--model-dir: {path} is not a vocabulary list: export the model again")
+                return path, vocab
+        return None, None
 
     def translate(self, batch):
         return [r.hypotheses[0] for r in self.translator.translate_batch(batch, **self.options)]
+
+
+def torch_file_problem(path):
+    """Why ``path`` cannot be a file of torch.save (its zip format, or the legacy pickle one), or
+    None: torch's own errors for such files speak of weights_only and miniz."""
+    if os.path.getsize(path) == 0:
+        return "an empty file"
+    with open(path, "rb") as f:
+        legacy = f.read(2) == b"\x80\x02"
+    if not legacy and not zipfile.is_zipfile(path):
+        return "not a file written by torch.save, or a truncated one"
+    return None
 
 
 class FairseqEngine:
@@ -199,12 +280,9 @@ class FairseqEngine:
         torch.set_num_threads(args.threads)
         if args.device == "cuda" and not torch.cuda.is_available():
             raise Refused("--device cuda: torch sees no CUDA device")
-        from fairseq.models.transformer import TransformerModel
         from omegaconf import open_dict
 
-        hub = TransformerModel.from_pretrained(
-            str(checkpoint.parent), checkpoint_file=checkpoint.name, data_name_or_path=str(args.data_bin.resolve()),
-            user_dir=str(REPO / "fairseq_rope"), source_lang=args.src, target_lang=args.tgt)
+        hub = self.load(checkpoint, args)
         hub.eval()
         if args.device == "cuda":
             hub.cuda()
@@ -215,10 +293,59 @@ class FairseqEngine:
         with open_dict(hub.cfg):
             hub.cfg.dataset.max_tokens = None  # our batches are the batches: no re-splitting by tokens
         self.hub, self.torch, self.open_dict = hub, torch, open_dict
-        self.max_source = hub.max_positions[0] if isinstance(hub.max_positions, tuple) else hub.max_positions
+        self.max_source = self.source_limit(hub, args.max_source_positions)
         # fairseq-generate's defaults for everything evaluate.sh does not set
         self.options = dict(beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len, min_len=1,
                             nbest=1, unkpen=0, sampling=False, no_repeat_ngram_size=0, match_source_len=False)
+
+    @staticmethod
+    def load(checkpoint, args):
+        """fairseq's hub interface for ``checkpoint`` with the dictionaries of ``args.data_bin``, as
+        TransformerModel.from_pretrained builds it, in two steps so that a failure names its cause:
+        the file is no checkpoint, or it does not fit the data-bin."""
+        from argparse import Namespace
+
+        from fairseq import checkpoint_utils, utils
+        from fairseq.hub_utils import GeneratorHubInterface
+
+        overrides = dict(data=str(args.data_bin.resolve()), user_dir=str(REPO / "fairseq_rope"),
+                         source_lang=args.src, target_lang=args.tgt)
+        utils.import_user_module(Namespace(user_dir=overrides["user_dir"]))
+        try:
+            problem = torch_file_problem(checkpoint)
+            if problem:
+                raise ValueError(problem)
+            state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint), overrides)
+            if state.get("cfg") is None and state.get("args") is None:
+                raise KeyError("it holds no model configuration")
+        except Exception as e:  # torch, pickle and zip errors, or a file of another kind: all mean the same
+            raise Refused(f"--checkpoint {args.checkpoint} is not a readable fairseq checkpoint ({first_line(e)}): "
+                          "give a checkpoint written by fairseq-train") from None
+        try:
+            models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+                [str(checkpoint)], arg_overrides=overrides, state=state)
+        except (RuntimeError, KeyError, ValueError) as e:
+            mismatch = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+            raise Refused(f"--checkpoint {args.checkpoint} does not fit the dictionaries of --data-bin "
+                          f"{args.data_bin} ({mismatch[0] if mismatch else first_line(e)}): give the work dir / "
+                          "data-bin the model was trained on") from None
+        return GeneratorHubInterface(cfg, task, models)
+
+    @staticmethod
+    def source_limit(hub, requested):
+        """The longest source in positions: the model's, or ``requested`` (--max-source-positions)
+        where the model can take it (rotary and sinusoidal positions extend, learned ones do not)."""
+        limits = hub.max_positions if isinstance(hub.max_positions, tuple) else (hub.max_positions, None)
+        if requested is None:
+            return limits[0]
+        from fairseq.modules import LearnedPositionalEmbedding
+
+        learned = isinstance(getattr(hub.models[0].encoder, "embed_positions", None), LearnedPositionalEmbedding)
+        if learned and requested > limits[0]:
+            raise Refused(f"--max-source-positions {requested}: the model has learned positions for at most "
+                          f"{limits[0]} source tokens")
+        hub.max_positions = (requested, *limits[1:])  # the limit fairseq's batching checks sources against
+        return requested
 
     def translate(self, batch):
         with self.open_dict(self.hub.cfg):
@@ -250,8 +377,8 @@ def default_threads():
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", default="-", help="text to translate, one sentence per line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations here, atomically (default: stdout)")
     p.add_argument("--work-dir", help="the directory prepare.sh wrote for the model: tok/, bpe/ and data-bin/ "
@@ -285,9 +412,14 @@ def parse_args(argv):
                    help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     p.add_argument("--stats-json", help="write the decoding time and speed here as JSON")
+    p.add_argument("--max-source-positions", type=int,
+                   help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
+                        "(default: the model's max_source_positions: from the checkpoint, or recorded in "
+                        "export_info.json by scripts/export_ctranslate2.py); longer lines are refused")
     args = p.parse_args(argv)
-    for flag, minimum in (("beam", 1), ("max_len", 1), ("batch_size", 1), ("threads", 1)):
-        if getattr(args, flag) < minimum:
+    for flag, minimum in (("beam", 1), ("max_len", 1), ("batch_size", 1), ("threads", 1),
+                          ("max_source_positions", 2)):
+        if getattr(args, flag) is not None and getattr(args, flag) < minimum:
             p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
     if args.lenpen != args.lenpen:  # NaN
         p.error("--lenpen must be a number")
@@ -334,6 +466,9 @@ def check_setup(args):
         raise Refused("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
 
     src, tgt = languages_of(args.data_bin)
+    if src and tgt and (args.src or src, args.tgt or tgt) != (src, tgt):  # swapped, or one side repeated
+        raise Refused(f"--src {args.src or src} --tgt {args.tgt or tgt}: the data-bin {args.data_bin} is for "
+                      f"{src}-{tgt} (translating {src} to {tgt}): pass --src {src} --tgt {tgt}, or leave both out")
     args.src, args.tgt = args.src or src, args.tgt or tgt
     tokenized_workdir = work_dir is None or (step_options(work_dir / "tok", "tok") or {}).get("TOKENIZE", "1") != "0"
     if args.output_format is None:
@@ -368,51 +503,95 @@ def check_setup(args):
     if args.input_format == "raw" and not (work_dir / "bpe" / ".done").is_file():
         raise Refused(f"--work-dir {work_dir} has no complete bpe/ step (bpe/.done): run prepare.sh first")
 
-    if args.engine == "ctranslate2" and args.data_bin is not None and args.src:
+    if args.engine == "ctranslate2" and args.data_bin is not None:
         check_vocabulary(args)
-    if args.output is not None:
-        out = Path(args.output)
-        if out.is_dir():
-            raise Refused(f"--output {out} is a directory")
-        if not out.resolve().parent.is_dir():
-            raise Refused(f"--output {out}: directory {out.resolve().parent} does not exist")
+    check_outputs(args)
     if args.input != "-" and not Path(args.input).is_file():
         raise Refused(f"input file {args.input} does not exist" if not Path(args.input).exists()
                       else f"input {args.input} is not a file")
 
 
+def check_outputs(args):
+    """Every file this run will write can be written, before hours of decoding: a writable
+    directory (a symlink's target is what gets replaced), not a directory, not the same file twice."""
+    outputs = [(flag, path) for flag, path in (("--output", args.output), ("--stats-json", args.stats_json))
+               if path is not None]
+    for flag, path in outputs:
+        check_writable(flag, Path(path))
+    if len(outputs) == 2 and os.path.realpath(args.output) == os.path.realpath(args.stats_json):
+        raise Refused(f"--output {args.output} and --stats-json {args.stats_json} are the same file: the statistics "
+                      "would replace the translations; give two different files")
+
+
+def check_writable(flag, path):
+    if path.is_dir():
+        raise Refused(f"{flag} {path} is a directory")
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        raise Refused(f"{flag} {path}: directory {target.parent} does not exist")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise Refused(f"{flag} {path} is read-only: make it writable, or give another file")
+    try:  # the atomic write creates its temporary file beside the target: try that
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise Refused(f"{flag} {path}: cannot create files in {target.parent} ({e.strerror}): "
+                      "give a file in a writable directory") from None
+
+
+FAIRSEQ_SPECIALS = ["<s>", "<blank>", "</s>", "<unk>"]  # a fairseq Dictionary's first symbols, as CTranslate2
+# lists them (its converter renames <pad> to <blank>)
+
+
 def check_vocabulary(args):
-    """The CTranslate2 model was exported with this data-bin's source dictionary (a wrong --work-dir
-    would otherwise translate every token as <unk> without a word)."""
-    vocab = CTranslate2Engine.vocabulary(args.model_dir, "source")
-    if vocab is None:
+    """The CTranslate2 model was exported with this data-bin's dictionaries, token for token in
+    the same order: a model's token ids are positions in its vocabulary, so another dictionary,
+    or the same tokens in another order, would translate into garbage without a word."""
+    for side, lang in (("source", args.src), ("target", args.tgt)):
+        path, vocab = CTranslate2Engine.vocabulary(args.model_dir, side)
+        if lang is None or vocab is None:
+            continue
+        dictionary = args.data_bin / f"dict.{lang}.txt"
+        expected = FAIRSEQ_SPECIALS + dict_tokens(dictionary)
+        if vocab != expected:
+            index = next((i for i, (a, b) in enumerate(zip(vocab, expected)) if a != b), min(len(vocab), len(expected)))
+            raise Refused(f"--model-dir {args.model_dir} was not exported with the dictionary of {args.data_bin}: "
+                          f"token {index} of {path} is {_token_at(vocab, index)}, of {dictionary} "
+                          f"{_token_at(expected, index, dictionary=True)}: give the work dir / data-bin the model "
+                          "was trained on")
+
+
+def _token_at(tokens, index, dictionary=False):
+    if index >= len(tokens):
+        return f"past its end ({len(tokens)} tokens)"
+    line = index - len(FAIRSEQ_SPECIALS) + 1  # dict.L.txt lists the tokens after the special ones
+    return repr(tokens[index]) + (f" (line {line})" if dictionary and line > 0 else "")
+
+
+def check_lengths(sources, limit, path):
+    """Refuse the first source longer than the model takes, with either engine: its tokens plus
+    the </s> the model appends must fit in ``limit`` positions (a 24k-token line would otherwise
+    take CTranslate2 minutes and gigabytes, or be killed for memory without a word)."""
+    if limit is None:
         return
-    tokens = set(dict_tokens(args.data_bin / f"dict.{args.src}.txt"))
-    model = set(vocab[4:])  # a fairseq dictionary's symbols: 4 special ones, then those of dict.L.txt
-    if tokens != model:
-        raise Refused(f"--model-dir {args.model_dir} was not exported with the dictionary of {args.data_bin} "
-                      f"(dict.{args.src}.txt: {len(tokens)} tokens, model: {len(model)}, {len(tokens ^ model)} differ): "
-                      "give the work dir / data-bin the model was trained on")
+    for number, tokens in enumerate(sources, 1):
+        if len(tokens) + 1 > limit:
+            raise InputError(f"{path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
+                             f"{limit - 1}: split the line, or raise the limit with --max-source-positions")
 
 
 def main(argv=None):
     p, args = parse_args(argv)
     try:
         check_setup(args)
+        segment = Segmenter(args.work_dir, args.src, args.bpe_type) if args.input_format == "raw" else str.split
+        engine = (CTranslate2Engine if args.engine == "ctranslate2" else FairseqEngine)(args)
         reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
         lines = list(reader)
         reader.report()
-        if args.input_format == "raw":
-            segment = Segmenter(args.work_dir, args.src, args.bpe_type)
-            sources = [segment(line) for line in lines]
-        else:
-            sources = [line.split() for line in lines]
-        engine = (CTranslate2Engine if args.engine == "ctranslate2" else FairseqEngine)(args)
-        if args.engine == "fairseq":
-            for number, tokens in enumerate(sources, 1):
-                if len(tokens) + 1 > engine.max_source:
-                    raise InputError(f"{reader.path}: line {number} has {len(tokens)} BPE tokens; the model "
-                                     f"takes at most {engine.max_source - 1}")
+        sources = [segment(line) for line in lines]
+        check_lengths(sources, engine.max_source, reader.path)
         hyps, seconds = translate(engine, sources, args.batch_size,
                                   progress=not args.quiet and args.input != "-")
     except Refused as e:
@@ -430,7 +609,11 @@ def main(argv=None):
         hyps = [" ".join(h) for h in hyps]
     if args.output is None:
         sys.stdout.reconfigure(encoding="utf-8")  # UTF-8 whatever the locale, as --output is
-    write_lines(args.output, hyps)
+    try:
+        write_lines(args.output, hyps)
+    except OSError as e:  # checked before decoding, so only what changed since: a full disk, ...
+        p.exit(1, f"{p.prog}: error: {f'--output {args.output}' if args.output else 'standard output'}: "
+                  f"{e.strerror or e}\n")
 
     n = sum(1 for s in sources if s)
     stats = dict(engine=args.engine, sentences=n, lines=len(sources), seconds=round(seconds, 3),
@@ -438,7 +621,10 @@ def main(argv=None):
                  lenpen=args.lenpen, batch_size=args.batch_size, threads=args.threads, device=args.device,
                  compute_type=args.compute_type)
     if args.stats_json:
-        write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")
+        try:
+            write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")
+        except OSError as e:
+            p.exit(1, f"{p.prog}: error: --stats-json {args.stats_json}: {e.strerror or e}\n")
     if not args.quiet:
         say(f"{len(sources)} lines ({n} to translate) in {seconds:.2f} s of decoding"
             + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")

@@ -1,0 +1,260 @@
+"""scripts/translate.py refuses what would fail late or translate wrongly, in one line, before
+decoding: a source longer than the model's positions with either engine, a CTranslate2 model
+exported with a dictionary in another order, unreadable model and BPE files, a data-bin of
+another model, swapped languages, and output paths that cannot be written or collide; a
+symlinked output stays a symlink. One RoPE model (max_source_positions 16) trained for a single
+update on the reversal corpus is enough: these tests need it to load and decode, not to translate
+well."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from test_export_ctranslate2 import exporter
+from test_translate import translate_py
+
+MAX_SOURCE = 16  # the model's max_source_positions: 15 tokens and the </s> appended
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_data_bin, tmp_path_factory):
+    """(data-bin, checkpoint, CTranslate2 export, work dir for raw input) of a tiny RoPE model."""
+    root = tmp_path_factory.mktemp("translate_reliability")
+    data_bin = tiny_data_bin / "data-bin"
+    run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny",
+             "--max-source-positions", MAX_SOURCE, "--task", "translation", "--cpu", "--optimizer", "adam",
+             "--lr", "5e-3", "--max-tokens", "1500", "--max-update", "1", "--criterion", "cross_entropy",
+             "--disable-validation", "--no-epoch-checkpoints", "--save-dir", root / "checkpoints",
+             "--num-workers", "0", "--log-format", "simple"])
+    checkpoint = root / "checkpoints" / "checkpoint_last.pt"
+    ct2 = root / "ct2"
+    exporter.export(str(checkpoint), str(data_bin), str(ct2))
+    # a work dir as prepare.sh leaves it, as far as raw input needs one: subword-nmt codes that
+    # keep the corpus' words whole, and the data-bin
+    work = root / "work"
+    (work / "bpe").mkdir(parents=True)
+    codes = "#version: 0.2\n" + "".join(f"w {i}</w>\n" for i in range(10))
+    (work / "bpe" / "codes").write_text(codes, encoding="utf-8")
+    (work / "bpe" / "vocab.en").write_text("".join(f"w{i} 100\n" for i in range(10)), encoding="utf-8")
+    (work / "bpe" / ".done").write_text("# prepare.sh step record v1\noption BPE=subword-nmt\noption "
+                                        "BPE_VOCAB_THRESHOLD=1\n", encoding="utf-8")
+    shutil.copytree(data_bin, work / "data-bin")
+    return data_bin, checkpoint, ct2, work
+
+
+def _main(capsys, *args):
+    """translate.py's main in-process: (exit status, stderr lines)."""
+    try:
+        translate_py.main([str(a) for a in args] + ["--quiet", "--threads", "1"])
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+def _refused(capsys, message, *args, status=2):
+    code, lines = _main(capsys, *args)
+    assert code == status and len(lines) == 1 and "error: " in lines[0] and message in lines[0], (code, lines)
+    return lines[0]
+
+
+def _bpe_args(data_bin, *engine):
+    return ["--input-format", "bpe", "--output-format", "bpe", "--data-bin", data_bin, *engine]
+
+
+def _source(tmp_path, tokens, name="in.en"):
+    path = tmp_path / name
+    path.write_text("w1 w2 w3\n" + " ".join(f"w{i % 10}" for i in range(tokens)) + "\n", encoding="utf-8")
+    return path
+
+
+def _copy_ct2(ct2, tmp_path, **info_changes):
+    """A copy of the export with export_info.json changed (a value None removes the key)."""
+    copy = tmp_path / "ct2"
+    shutil.copytree(ct2, copy)
+    info = json.loads((copy / "export_info.json").read_text())
+    info.update(info_changes)
+    info = {key: value for key, value in info.items() if value is not None}
+    (copy / "export_info.json").write_text(json.dumps(info))
+    return copy
+
+
+# --- case 6: the CTranslate2 engine has the fairseq engine's input-length limit -------------------
+def test_both_engines_refuse_a_line_beyond_the_source_positions_alike(tiny, tmp_path, capsys):
+    data_bin, checkpoint, ct2, _ = tiny
+    assert json.loads((ct2 / "export_info.json").read_text())["max_source_positions"] == MAX_SOURCE
+    fits, too_long = _source(tmp_path, MAX_SOURCE - 1, "fits.en"), _source(tmp_path, MAX_SOURCE, "long.en")
+    engines = {"ctranslate2": ["--model-dir", ct2], "fairseq": ["--engine", "fairseq", "--checkpoint", checkpoint]}
+    refusals = {}
+    for engine, model in engines.items():
+        out = tmp_path / f"out.{engine}"
+        assert _main(capsys, fits, "-o", out, *_bpe_args(data_bin, *model)) == (0, [])
+        assert len(out.read_text().splitlines()) == 2
+        refusals[engine] = _refused(capsys, f"{too_long}: line 2 has {MAX_SOURCE} BPE tokens; the model takes at most "
+                                    f"{MAX_SOURCE - 1}", too_long, *_bpe_args(data_bin, *model), status=1)
+        # the flag raises the limit, for either engine (rotary positions extend)
+        assert _main(capsys, too_long, "-o", out, "--max-source-positions", MAX_SOURCE + 1,
+                     *_bpe_args(data_bin, *model)) == (0, [])
+    assert refusals["ctranslate2"] == refusals["fairseq"]
+    assert "raise the limit with --max-source-positions" in refusals["fairseq"]
+
+
+def test_an_export_without_a_recorded_limit_warns_or_takes_the_flag(tiny, tmp_path, capsys):
+    data_bin, _, ct2, _ = tiny
+    old = _copy_ct2(ct2, tmp_path, max_source_positions=None)
+    too_long = _source(tmp_path, MAX_SOURCE)
+    code, lines = _main(capsys, too_long, "-o", tmp_path / "out.de", *_bpe_args(data_bin, "--model-dir", old))
+    assert code == 0 and len(lines) == 1
+    assert "records no max_source_positions" in lines[0] and "pass --max-source-positions" in lines[0]
+    _refused(capsys, "the model takes at most 14", too_long, "--max-source-positions", 15,
+             *_bpe_args(data_bin, "--model-dir", old), status=1)
+    # a limit in config.json is taken too
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps(dict(config, max_source_positions=MAX_SOURCE)))
+    _refused(capsys, f"the model takes at most {MAX_SOURCE - 1}", too_long, *_bpe_args(data_bin, "--model-dir", old),
+             status=1)
+
+
+# --- case 7: the vocabulary check compares order -------------------------------------------------
+@pytest.mark.parametrize("lang, side", [("en", "source"), ("de", "target")])
+def test_a_dictionary_in_another_order_is_refused(tiny, tmp_path, capsys, lang, side):
+    data_bin, _, ct2, _ = tiny
+    permuted = tmp_path / "data-bin"
+    shutil.copytree(data_bin, permuted)
+    lines = (permuted / f"dict.{lang}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2], lines[5] = lines[5], lines[2]  # the same tokens: only their ids differ
+    (permuted / f"dict.{lang}.txt").write_text("".join(lines), encoding="utf-8")
+    first, second = lines[5].split()[0], lines[2].split()[0]
+    _refused(capsys, f"--model-dir {ct2} was not exported with the dictionary of {permuted}: token 6 of "
+             f"{ct2 / 'shared_vocabulary.json'} is {first!r}, of {permuted / f'dict.{lang}.txt'} {second!r} (line 3)",
+             _source(tmp_path, 3), *_bpe_args(permuted, "--model-dir", ct2))
+
+
+# --- case 10: unreadable files, one line each ------------------------------------------------------
+def test_unreadable_model_and_bpe_files_are_refused_by_name(tiny, tmp_path, capsys):
+    data_bin, checkpoint, ct2, work = tiny
+    text = _source(tmp_path, 3)
+    binary_codes = tmp_path / "work"
+    shutil.copytree(work, binary_codes)
+    (binary_codes / "bpe" / "codes").write_bytes(b"\xff\xfe\x00" + bytes(range(256)) * 4)
+    _refused(capsys, f"--work-dir {binary_codes}: {binary_codes / 'bpe' / 'codes'} is not subword-nmt BPE codes",
+             text, "--work-dir", binary_codes, "--model-dir", ct2)
+    corrupt = _copy_ct2(ct2, tmp_path)
+    (corrupt / "model.bin").write_bytes((ct2 / "model.bin").read_bytes()[:5000])
+    _refused(capsys, f"--model-dir {corrupt}: CTranslate2 cannot load {corrupt / 'model.bin'}",
+             text, *_bpe_args(data_bin, "--model-dir", corrupt))
+    for name, data in (("garbage.pt", bytes(range(256)) * 8), ("empty.pt", b""),
+                       ("truncated.pt", checkpoint.read_bytes()[:100000])):
+        (tmp_path / name).write_bytes(data)
+        _refused(capsys, f"--checkpoint {tmp_path / name} is not a readable fairseq checkpoint",
+                 text, *_bpe_args(data_bin, "--engine", "fairseq", "--checkpoint", tmp_path / name))
+
+
+def test_a_checkpoint_with_another_models_data_bin_is_refused(tiny, tmp_path, capsys):
+    data_bin, checkpoint, _, _ = tiny
+    other = tmp_path / "data-bin"
+    shutil.copytree(data_bin, other)
+    for lang in ("en", "de"):
+        with open(other / f"dict.{lang}.txt", "a", encoding="utf-8") as f:
+            f.write("".join(f"extra{i} 1\n" for i in range(9)))
+    _refused(capsys, f"--checkpoint {checkpoint} does not fit the dictionaries of --data-bin {other} (size mismatch",
+             _source(tmp_path, 3), *_bpe_args(other, "--engine", "fairseq", "--checkpoint", checkpoint))
+
+
+def test_output_paths_are_checked_before_decoding(tiny, tmp_path, capsys, monkeypatch):
+    data_bin, _, ct2, _ = tiny
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoding started")
+
+    monkeypatch.setattr(translate_py, "translate", no_decoding)
+    text, out = _source(tmp_path, 3), tmp_path / "out.de"
+    model = _bpe_args(data_bin, "--model-dir", ct2)
+    _refused(capsys, f"--stats-json {tmp_path / 'no' / 's.json'}: directory {tmp_path / 'no'} does not exist",
+             text, "-o", out, "--stats-json", tmp_path / "no" / "s.json", *model)
+    _refused(capsys, f"--stats-json {tmp_path}", text, "--stats-json", tmp_path, *model)
+    unwritable = _unwritable_directory(tmp_path)
+    _refused(capsys, f"--output {unwritable}/out.de: cannot create files in {unwritable} (",
+             text, "-o", f"{unwritable}/out.de", *model)
+    # the same file twice, however spelt
+    (tmp_path / "link.de").symlink_to("out.de")
+    for stats in (out, f"{tmp_path}/./out.de", tmp_path / "link.de"):
+        _refused(capsys, f"--output {out} and --stats-json {stats} are the same file", text, "-o", out,
+                 "--stats-json", stats, *model)
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def _unwritable_directory(tmp_path):
+    """A directory where no file can be created: a read-only one, or /sys where even root cannot."""
+    if os.geteuid() != 0:
+        (tmp_path / "read-only").mkdir(mode=0o555)
+        return tmp_path / "read-only"
+    try:
+        fd, probe = tempfile.mkstemp(dir="/sys")
+    except OSError:
+        return "/sys"
+    os.close(fd)
+    os.unlink(probe)
+    pytest.skip("no directory that root cannot write into")
+
+
+# --- case 11 ---------------------------------------------------------------------------------------
+def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
+    data_bin, _, ct2, _ = tiny
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "out.de").write_text("old\n")
+    link = tmp_path / "out.de"
+    link.symlink_to(tmp_path / "real" / "out.de")
+    assert _main(capsys, _source(tmp_path, 3), "-o", link, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
+    assert link.is_symlink() and len((tmp_path / "real" / "out.de").read_text().splitlines()) == 2
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["out.de"]  # no temporary file left
+
+
+def test_writing_through_a_symlink_replaces_its_target(tmp_path):
+    from fairseq_rope.atomic_files import write_atomically
+
+    (tmp_path / "target").write_text("old")
+    (tmp_path / "link").symlink_to("target")  # relative, as ln -s makes it
+    write_atomically(tmp_path / "link", lambda tmp: Path(tmp).write_text("new"))
+    assert os.readlink(tmp_path / "link") == "target" and (tmp_path / "target").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]
+
+
+def test_swapped_languages_are_refused(tiny, tmp_path, capsys):
+    data_bin, _, ct2, _ = tiny
+    for flags, given in ((["--src", "de", "--tgt", "en"], "--src de --tgt en"), (["--src", "de"], "--src de --tgt de")):
+        _refused(capsys, f"{given}: the data-bin {data_bin} is for en-de (translating en to de): pass --src en "
+                 "--tgt de", _source(tmp_path, 3), *flags, *_bpe_args(data_bin, "--model-dir", ct2))
+
+
+def test_a_path_that_starts_with_a_dash(tiny, tmp_path, capsys, monkeypatch):
+    data_bin, _, ct2, _ = tiny
+    monkeypatch.chdir(tmp_path)
+    text = _source(tmp_path, 3)
+    code, lines = _main(capsys, text, "-o", "-weird.de", *_bpe_args(data_bin, "--model-dir", ct2))
+    assert code == 2 and lines[-1].endswith("argument -o/--output: expected one argument (a value that starts with "
+                                            "'-' is read as an option: write it as --flag=VALUE, or a path such "
+                                            "as -x as ./-x)")
+    code, lines = _main(capsys, "-weird.en", *_bpe_args(data_bin, "--model-dir", ct2))
+    assert code == 2 and "given as ./NAME" in lines[-1]
+    for spelling in ("--output=-weird.de", "-o=-weird2.de"):
+        assert _main(capsys, text, spelling, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
+    assert (tmp_path / "-weird.de").is_file() and (tmp_path / "-weird2.de").is_file()
+
+
+def test_the_ctranslate2_path_imports_neither_torch_nor_fairseq(tiny, tmp_path):
+    data_bin, _, ct2, _ = tiny
+    args = [str(a) for a in [_source(tmp_path, 3), "-o", tmp_path / "out.de", "--quiet", "--threads", "1",
+                             *_bpe_args(data_bin, "--model-dir", ct2)]]
+    code = ("import runpy, sys\nsys.argv = ['translate.py', *sys.argv[1:]]\n"
+            f"runpy.run_path({str(translate_py.__file__)!r}, run_name='__main__')\n"
+            "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "[]\n", proc.stderr
