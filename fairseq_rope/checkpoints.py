@@ -8,7 +8,9 @@ atomic (hidden temporary file in the same directory, fsync, rename, fsync of the
 lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
 checkpoint, refuses ``--model-overrides`` that would change a trained model, and records in the
 saved model configuration the lengths of the sequences the model was trained on, continued across
-a resume (``training_lengths``: the L of ``--rope-scaling`` yarn and dynamic-*).
+a resume (``training_lengths``: the L of ``--rope-scaling`` yarn and dynamic-*). ``fairseq-train``
+holds a lock on its ``--save-dir`` (``save_dir_lock``: one training per save dir), and refuses to
+resume a checkpoint with options that define another model (``--rope-theta``, ``--arch`` ...).
 """
 
 import copy
@@ -24,8 +26,12 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from .atomic_files import write_atomically
-from .model_options import INFERENCE_OPTIONS, check_model_overrides, is_plugin_option, model_config
-from .training_lengths import TrainingLengths
+from .model_options import (
+    INFERENCE_OPTIONS, check_model_overrides, check_resumed_model, config_value, is_plugin_option, option_flag,
+    model_config, trained_model_differences,
+)
+from .save_dir_lock import lock_save_dir
+from .training_lengths import COUNTS, TrainingLengths
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +48,9 @@ def copy_atomically(src: str, dst: str) -> None:
     write_atomically(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
-def is_readable_checkpoint(path: str) -> bool:
-    """A complete torch zip archive: a truncated file has lost its central directory, which
-    torch.save writes last. Cheap: the tensors are not read."""
+def is_readable_checkpoint(path) -> bool:
+    """A complete torch zip archive (``path``: a path or a binary file open for reading): a truncated
+    file has lost its central directory, which torch.save writes last. Cheap: the tensors are not read."""
     try:
         with zipfile.ZipFile(path) as archive:
             return any(name.endswith("/data.pkl") for name in archive.namelist())
@@ -100,6 +106,28 @@ def _torch_persistent_save(torch_persistent_save):
     return save
 
 
+def saved_model_config(path):
+    """The model configuration of the checkpoint ``path``; None where there is no readable one
+    (fairseq then starts from scratch, or reports the file). Cheap: mmap, the tensors are not read."""
+    if not (os.path.isfile(path) and is_readable_checkpoint(path)):
+        return None
+    try:
+        return model_config(torch.load(path, map_location="cpu", mmap=True))
+    except Exception:  # noqa: BLE001 - fairseq's own load reports what is wrong with the file
+        return None
+
+
+def _one_training_per_save_dir(load_checkpoint):
+    def load_checkpoint_with_save_dir_locked(cfg, trainer, **passthrough_args):
+        # fairseq-train calls this once, before it reads or writes any checkpoint; only the
+        # processes that write checkpoints lock (not --no-save runs, not the other DDP ranks)
+        if not cfg.no_save and trainer.should_save_checkpoint_on_current_rank:
+            lock_save_dir(cfg.save_dir, trainer.checkpoint_suffix)
+        return load_checkpoint(cfg, trainer, **passthrough_args)
+
+    return load_checkpoint_with_save_dir_locked
+
+
 def _resume_falls_back(load_checkpoint):
     def load_checkpoint_or_newest_readable(cfg, trainer, **passthrough_args):
         last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
@@ -144,15 +172,36 @@ def _records_training_lengths(state_dict):
     return state_dict_with_training_lengths
 
 
+def _resume_checks_the_model(load_checkpoint):
+    def load_checkpoint_of_the_same_model(trainer, filename, *args, **kwargs):
+        saved = saved_model_config(filename)
+        if saved is not None and filename == trainer.cfg.checkpoint.finetune_from_model:
+            # --finetune-from-model starts a new training from another model's weights: options may
+            # differ on purpose (e.g. a larger --rope-theta for longer inputs), so they are named,
+            # not refused. Its later resumes (from its own checkpoint_last.pt) are checked.
+            for name, value, old in trained_model_differences(trainer.cfg.model, saved):
+                logger.warning(f"fine-tuning {filename} with {option_flag(name)} {value} (it was trained with {old})")
+        elif saved is not None:
+            check_resumed_model(trainer.cfg.model, saved, filename)
+        return load_checkpoint(trainer, filename, *args, **kwargs)
+
+    return load_checkpoint_of_the_same_model
+
+
 def _resume_continues_training_lengths(load_checkpoint):
     def load_checkpoint_and_training_lengths(trainer, filename, *args, **kwargs):
         extra_state = load_checkpoint(trainer, filename, *args, **kwargs)
         model = trainer.get_model()
-        if extra_state is not None and hasattr(model, "training_lengths") and is_readable_checkpoint(filename):
+        saved = saved_model_config(filename) if extra_state is not None else None
+        if saved is not None and hasattr(model, "training_lengths"):
             # the model was built from the command line; the counts so far are in the checkpoint
-            # (mmap: only its configuration is read)
-            saved = torch.load(filename, map_location="cpu", mmap=True)
-            model.training_lengths = TrainingLengths(model_config(saved))
+            model.training_lengths = TrainingLengths(saved)
+            if not config_value(saved, COUNTS):
+                logger.warning(
+                    f"{filename} records no sequence-length counts (saved before they were recorded): "
+                    "the counts, and the L of --rope-scaling yarn and dynamic-* taken from them, start at "
+                    "this resume and cover only the batches trained from now on"
+                )
         return extra_state
 
     return load_checkpoint_and_training_lengths
@@ -163,10 +212,10 @@ def make_fairseq_checkpoints_safe() -> None:
         return
     checkpoint_utils.torch_persistent_save = _torch_persistent_save(checkpoint_utils.torch_persistent_save)
     checkpoint_utils.PathManager = _AtomicCopyPathManager
-    checkpoint_utils.load_checkpoint = _resume_falls_back(checkpoint_utils.load_checkpoint)
+    checkpoint_utils.load_checkpoint = _one_training_per_save_dir(_resume_falls_back(checkpoint_utils.load_checkpoint))
     checkpoint_utils.load_checkpoint_to_cpu = _overrides_checked(checkpoint_utils.load_checkpoint_to_cpu)
     from fairseq.trainer import Trainer
 
     Trainer.state_dict = _records_training_lengths(Trainer.state_dict)
-    Trainer.load_checkpoint = _resume_continues_training_lengths(Trainer.load_checkpoint)
+    Trainer.load_checkpoint = _resume_continues_training_lengths(_resume_checks_the_model(Trainer.load_checkpoint))
     checkpoint_utils.checkpoints_made_safe = True

@@ -12,9 +12,13 @@
   weights compute: averaging merges it.
 * A bad value is an :class:`OptionError`. fairseq's argument parser meets it when it applies the
   architecture defaults, i.e. before any data is read; a fairseq command that does not catch it
-  prints it as one line and exits with 2, as argparse does.
+  prints it as one line and exits with 2, as argparse does (so does any :class:`OneLineError`).
+* A resume (``fairseq-train`` on a save dir with a checkpoint, or ``--restore-file``) keeps every
+  option that defines the trained model (:func:`defines_trained_model`, the same rule as for
+  ``--model-overrides``): :func:`check_resumed_model`.
 """
 
+import atexit
 import math
 import os
 import sys
@@ -58,7 +62,11 @@ COMPUTATION_OPTIONS = (
 )
 
 
-class OptionError(ValueError):
+class OneLineError(Exception):
+    """An error whose message names the flag or file and what to do: printed as one line."""
+
+
+class OptionError(OneLineError, ValueError):
     """A model option with a value the plugin cannot use; the message names the flag."""
 
 
@@ -121,6 +129,41 @@ def is_plugin_option(name: str) -> bool:
     return name.startswith(("rope_", "rpe_")) or name == "attention_kind"
 
 
+def defines_trained_model(name: str) -> bool:
+    """Whether training fixes an option: the weights were learned for its value. Not the
+    inference options, which choose how a trained model runs, nor what training records."""
+    return ((name in COMPUTATION_OPTIONS or is_plugin_option(name))
+            and name not in INFERENCE_OPTIONS and name not in ROPE_RECORDED_DEFAULTS)
+
+
+def trained_model_differences(model_cfg, saved_cfg):
+    """``(name, value, saved value)`` of each option that defines the trained model (see
+    :func:`defines_trained_model`) and differs between ``model_cfg`` and ``saved_cfg``. Both
+    come through the architecture functions, so a default left unchanged compares equal; an
+    option the saved configuration lacks (a fairseq release before it existed) is not compared."""
+    current, saved = computation_options(model_cfg), computation_options(saved_cfg)
+    return [(name, current.get(name), value) for name, value in saved.items()
+            if defines_trained_model(name) and value is not None and current.get(name) != value]
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_resumed_model(model_cfg, saved_cfg, checkpoint) -> None:
+    """Refuse to resume ``checkpoint`` as a model other than the one it was trained as: the
+    command line (``model_cfg``) may change how training runs (lr, dropout, batch size ...), not
+    what model is trained. ``--reset-*`` flags change nothing here: the weights are loaded."""
+    differences = trained_model_differences(model_cfg, saved_cfg)
+    if differences:
+        named = "; ".join(f"{option_flag(name)} {value} (the checkpoint has {saved})"
+                          for name, value, saved in differences)
+        raise OptionError(
+            f"cannot resume {checkpoint} as another model: {named}. These options define the trained "
+            "model: drop them to resume with the checkpoint's values, or train the changed model in a new --save-dir"
+        )
+
+
 def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
     """Refuse overrides that would run a checkpoint as a model it was not trained as.
 
@@ -136,16 +179,16 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
                 f"--model-overrides: {name!r} is not an option of {arch} checkpoints ({checkpoint}); "
                 f"known: {', '.join(sorted(known)) or 'none'}"
             )
-        if name in INFERENCE_OPTIONS:
-            continue
         trained = config_value(model_cfg, name)
         trained = known[name] if trained is None else trained
-        if value != trained and name in ROPE_RECORDED_DEFAULTS:
+        if value == trained:
+            continue
+        if name in ROPE_RECORDED_DEFAULTS:
             raise OptionError(
                 f"--model-overrides: {name}={value!r} differs from what training recorded in {checkpoint} "
                 f"({trained!r}); set L with --rope-scaling-original-length instead"
             )
-        if value != trained:
+        if defines_trained_model(name):
             raise OptionError(
                 f"--model-overrides: {name}={value!r} differs from the value {checkpoint} was trained "
                 f"with ({name}={trained!r}); it defines the trained model and cannot change at "
@@ -154,18 +197,19 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
 
 
 def print_option_errors_as_one_line() -> None:
-    """An OptionError that reaches the top of a command is printed as ``PROG: error: MESSAGE``
-    with exit code 2, like argparse's errors, instead of a traceback."""
+    """A OneLineError (an OptionError ...) that reaches the top of a command is printed as
+    ``PROG: error: MESSAGE`` with exit code 2, like argparse's errors, instead of a traceback."""
     previous = sys.excepthook
     if getattr(previous, "prints_option_errors", False):
         return
 
     def excepthook(exc_type, exc, traceback):
-        if not issubclass(exc_type, OptionError):
+        if not issubclass(exc_type, OneLineError):
             return previous(exc_type, exc, traceback)
         sys.stdout.flush()
         sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
         sys.stderr.flush()
+        atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
         os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
 
     excepthook.prints_option_errors = True

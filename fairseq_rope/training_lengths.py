@@ -6,8 +6,9 @@ saves the counts in the checkpoint's model configuration with the longest length
 sequences do not exceed: a translation corpus has a few outliers much longer than the rest (in
 docs/position_encodings.md the longest of 50,202 training sequences has 26 tokens, and 99 % have
 at most 15), and a model extrapolates from the lengths it saw often, not from one sentence.
-Checkpoints saved before the counts were recorded give the longest length. In distributed
-training the first rank's counts are saved: a sample of the same lengths.
+Checkpoints saved before the counts were recorded give the longest length; a resume from one says
+that the counts start there (checkpoints.py). In distributed training the first rank's counts are
+saved: a sample of the same lengths.
 """
 
 from typing import List, Optional

@@ -72,12 +72,22 @@ def last_n_checkpoints(directory, n, update_based, upper_bound=None):
 
 
 def load_checkpoint(path):
-    if not is_readable_checkpoint(path):
-        raise CheckpointMismatch(f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)")
-    try:
-        state = torch.load(path, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - report which file and why
-        raise CheckpointMismatch(f"cannot load {path}: {type(e).__name__}: {e}") from e
+    try:  # opened once: the file checked is the file loaded, even if the path is replaced meanwhile
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise CheckpointMismatch(f"cannot load {path}: the file disappeared after it was listed (deleted or "
+                                 "renamed: is a training still writing to that directory?)") from None
+    except OSError as e:
+        raise CheckpointMismatch(f"cannot load {path}: {e.strerror}") from e
+    with f:
+        if not is_readable_checkpoint(f):
+            raise CheckpointMismatch(
+                f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)")
+        try:
+            f.seek(0)
+            state = torch.load(f, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - report which file and why
+            raise CheckpointMismatch(f"cannot load {path}: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointMismatch(f"{path} is not a fairseq checkpoint (no 'model' entry)")
     return state
