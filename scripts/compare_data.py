@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import run_logged, write_lines_atomically, write_text_atomically  # noqa: E402
+from common import replace_directory, run_logged, write_lines_atomically, write_text_atomically  # noqa: E402
 from text_lines import InputError, read_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,11 +96,14 @@ def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
     dictionary: built from train, or ``dictionary``); the test set is the groups one after the
     other, their line ranges in data-bin/test_groups.json. Returns (data-bin, groups, test rows)."""
     text_dir = out_dir / "text"
-    text_dir.mkdir(parents=True, exist_ok=True)
     test = [row for _, rows in groups for row in rows]
-    for split, rows in (("train", train), ("valid", valid), ("test", test)):
-        write_lines_atomically(text_dir / f"{split}.{src}", (r[0] for r in rows))
-        write_lines_atomically(text_dir / f"{split}.{tgt}", (r[1] for r in rows))
+
+    def write_text(directory):  # the splits as one: never new sources beside old targets
+        for split, rows in (("train", train), ("valid", valid), ("test", test)):
+            write_lines_atomically(Path(directory) / f"{split}.{src}", (r[0] for r in rows))
+            write_lines_atomically(Path(directory) / f"{split}.{tgt}", (r[1] for r in rows))
+
+    replace_directory(text_dir, write_text)
     ranges, start = {}, 0
     for name, rows in groups:
         ranges[name] = [start, start + len(rows)]

@@ -66,7 +66,7 @@ import compare_data  # noqa: E402
 import compare_report  # noqa: E402
 import score_bleu  # noqa: E402
 from common import CommandFailed, parse_train_line, parse_train_log, run_logged, terminate_running  # noqa: E402
-from common import write_lines_atomically, write_text_atomically  # noqa: E402
+from common import ArgumentParser, output_dir_problem, write_lines_atomically, write_text_atomically  # noqa: E402
 from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401  (read_pairs, concatenated: API)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -423,8 +423,8 @@ def attach_pass_through_values(argv):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--prepared-dir", type=Path, metavar="WORK_DIR", help="a corpus prepared by prepare.sh")
     data.add_argument("--quickstart-corpus", action="store_true", help="generate the synthetic corpus and prepare it")
@@ -491,6 +491,9 @@ def parse_args(argv=None):
                 "or name one of them with --baseline")
     if args.jobs < 1 or (args.threads is not None and args.threads < 1):
         p.error("--jobs and --threads must be at least 1")
+    problem = output_dir_problem("--out-dir", args.out_dir)  # before any work, not at the first write
+    if problem:
+        p.error(problem)
     if args.threads is None:
         args.threads = max(1, len(os.sched_getaffinity(0)) // args.jobs)
     if args.warmup_updates is None:

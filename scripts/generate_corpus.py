@@ -22,19 +22,21 @@ translation model has to use word order and positions, not just a bag of words:
 
 Output: ``OUT_DIR/{train,valid,test}.{en,de}``, one sentence per line, detokenized (natural
 punctuation), UTF-8. The same ``--seed`` always gives byte-identical files; valid and test
-sentences never occur in train.
+sentences never occur in train. OUT_DIR is written as one (the files go into a hidden directory
+beside it, which then replaces it in one rename: a failed run leaves the complete old corpus or
+the complete new one), so it must hold nothing but these files.
 
 Usage: ``python scripts/generate_corpus.py --out-dir work/corpus --train-size 30000``
 """
 
-import argparse
 import random
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_lines_atomically  # noqa: E402
+from common import ArgumentParser, replace_directory, replaced_dir_problem, write_lines_atomically  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Lexicon
@@ -377,9 +379,13 @@ def generate(seed: int, sizes):
     return out
 
 
+SPLIT_FILE = re.compile(r"(train|valid|test)\.[^/]+")
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out-dir", required=True, help="directory for {train,valid,test}.{SRC,TGT}")
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out-dir", required=True,
+                   help="directory for {train,valid,test}.{SRC,TGT}; replaced as a whole")
     p.add_argument("--seed", type=int, default=1, help="random seed (same seed, same files)")
     p.add_argument("--train-size", type=int, default=30000)
     p.add_argument("--valid-size", type=int, default=500)
@@ -389,14 +395,23 @@ def main(argv=None):
     args = p.parse_args(argv)
     for name in ("train_size", "valid_size", "test_size"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+            p.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = replaced_dir_problem("--out-dir", out, "generate_corpus.py", SPLIT_FILE.fullmatch)
+    if problem:
+        p.error(problem)
     sizes = [("train", args.train_size), ("valid", args.valid_size), ("test", args.test_size)]
-    data = generate(args.seed, sizes)
-    for split, pairs in data.items():
-        write_lines_atomically(out / f"{split}.{args.src}", (en for en, _ in pairs))
-        write_lines_atomically(out / f"{split}.{args.tgt}", (de for _, de in pairs))
+    try:
+        data = generate(args.seed, sizes)
+    except RuntimeError as e:
+        sys.exit(f"generate_corpus.py: {e}: ask for fewer sentences")
+
+    def write_corpus(directory):
+        for split, pairs in data.items():
+            write_lines_atomically(Path(directory) / f"{split}.{args.src}", (en for en, _ in pairs))
+            write_lines_atomically(Path(directory) / f"{split}.{args.tgt}", (de for _, de in pairs))
+
+    replace_directory(out, write_corpus)
     total = sum(n for _, n in sizes)
     print(f"[generate_corpus] wrote {total} sentence pairs (seed {args.seed}) to {out}", file=sys.stderr)
 

@@ -7,6 +7,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../../scripts/common.sh" "$1"
 
 WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
+dash_safe WORK_DIR
 SRC="${SRC:-en}"
 TGT="${TGT:-de}"
 ARCH="${ARCH:-transformer_rope_wmt_en_de}"
@@ -16,4 +17,5 @@ ARCH="${ARCH:-transformer_rope_wmt_en_de}"
 model_paths() {
     DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
     SAVE_DIR="${SAVE_DIR:-$WORK_DIR/checkpoints/$ARCH}"
+    dash_safe DATA_BIN SAVE_DIR
 }

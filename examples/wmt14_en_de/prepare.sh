@@ -28,6 +28,9 @@
 # options that shape the step and the size and sha256 of its input files; a rerun redoes a step
 # whose record differs, saying why, and with it every later step. After every step both sides
 # must still have as many lines as the step's input, or the script stops naming the files.
+# Archive members are extracted only if they are regular files: a symbolic or hard link is
+# refused, naming the archive and the member. One prepare.sh at a time works in a WORK_DIR: a
+# second one stops, naming the first (WORK_DIR/.prepare.pid).
 #
 # Options, each also an environment variable (in brackets); flags win:
 #   --work-dir DIR [WORK_DIR]          everything goes here (default work/wmt14_en_de)
@@ -68,7 +71,10 @@ WMT14_URL="${WMT14_URL:-https://www.statmt.org/wmt14}"
 WMT13_URL="${WMT13_URL:-https://www.statmt.org/wmt13}"
 
 # an option's value: present, not empty, not the next option
-need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value (see --help)"; }
+need_value() {
+    [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value (see --help)"
+    [[ "$2" != --* ]] || die "$1 needs a value, not the option '$2' (a path that starts with '-' is written ./$2)"
+}
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -118,8 +124,28 @@ if [[ -n "$TRAIN_PREFIX$VALID_PREFIX$TEST_PREFIX" ]]; then
 elif [[ "$SRC-$TGT" != "en-de" && "$SRC-$TGT" != "de-en" ]]; then
     die "WMT14 En-De needs --src/--tgt en/de or de/en (got $SRC/$TGT); use --train-prefix ... for other pairs"
 fi
+dash_safe WORK_DIR RAW_DIR TRAIN_PREFIX VALID_PREFIX TEST_PREFIX   # -x -> ./-x: a path, not an option
 mkdir -p "$WORK_DIR"
 WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+
+# --- one run per work dir -------------------------------------------------------------------
+# Two runs on one WORK_DIR would rebuild the same step directories under each other. This shell
+# holds an flock on WORK_DIR itself (descriptor 9), which the system releases when the last
+# process holding the descriptor ends, a kill -9 included: a crashed run leaves no stale lock.
+# WORK_DIR/.prepare.pid names the holder while it runs.
+exec 9<"$WORK_DIR"
+LOCK_STATUS=0
+"$PYTHON" -c 'import fcntl, sys
+try:
+    fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(3)' || LOCK_STATUS=$?
+if [[ "$LOCK_STATUS" == 3 ]]; then
+    die "another prepare.sh ($(head -n 1 "$WORK_DIR/.prepare.pid" 2>/dev/null || echo 'PID unknown')) is preparing $WORK_DIR: wait for it to finish or stop it, or give another --work-dir"
+fi
+[[ "$LOCK_STATUS" == 0 ]] || die "cannot lock $WORK_DIR with $PYTHON (status $LOCK_STATUS)"
+trap 'rm -f "$WORK_DIR/.prepare.pid"' EXIT
+printf 'PID %s on %s\n' "$$" "$(hostname 2>/dev/null || uname -n)" > "$WORK_DIR/.prepare.pid"
 TOOLS="$HERE/text_tools.py"
 export TEXT_TOOLS_PREFIX=prepare     # text_tools.py errors read "[prepare] error: ..."
 UTF8_ARGS=()
@@ -265,11 +291,10 @@ step_raw() {
     begin "$raw"
     ex="$raw.tmp/extract"
     mkdir -p "$ex"
-    extract() {  # extract ARCHIVE MEMBER...
+    extract() {  # extract ARCHIVE MEMBER...: regular files only (a link would copy any file of the machine)
         local a="$dir/$1"; shift
         log "extracting $* from $a"
-        tar -xzf "$a" -C "$ex" "$@" 2>"$ex/tar.err" \
-            || die "cannot extract $* from $a: $(tail -n 2 "$ex/tar.err" | tr '\n' ' ')(is it the WMT14 archive?)"
+        tool extract --archive "$a" --dest "$ex" "$@" || exit 1
     }
     extract training-parallel-europarl-v7.tgz "${TRAIN_MEMBERS[0]}".{de,en}
     extract training-parallel-commoncrawl.tgz "${TRAIN_MEMBERS[1]}".{de,en}

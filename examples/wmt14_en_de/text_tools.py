@@ -3,6 +3,11 @@
 
 Sub-commands (each reads and writes plain UTF-8 text, one sentence per line):
 
+``extract --archive A.tgz --dest DIR MEMBER...``
+    Copy these members of a gzipped tar archive to DIR/MEMBER, in one pass over it. A member
+    that is not a regular file (a symbolic or hard link, a device, a directory) is refused,
+    naming the archive and the member: a link would copy whatever file of the machine it names
+    into the corpus.
 ``normalize --output OUT IN...``
     The first step that reads your text: concatenate the inputs into OUT, one sentence per line,
     with lines split only at ``\\n``. Every other character that some tool treats as a line
@@ -42,8 +47,11 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import struct
 import sys
+import tarfile
+import zlib
 import unicodedata
 from multiprocessing import Pool
 from pathlib import Path
@@ -93,6 +101,36 @@ def tokenize_line(line: str) -> str:
     line = _Tok.normalizer.normalize(line.rstrip("\n"))
     line = remove_non_printing(line)
     return _Tok.tokenizer.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=False)
+
+
+_MEMBER_KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.DIRTYPE: "a directory",
+                 tarfile.CHRTYPE: "a character device", tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a FIFO"}
+
+
+def cmd_extract(args):
+    wanted = {os.path.normpath(m): m for m in args.members}
+    found = set()
+    try:
+        with tarfile.open(args.archive, "r|gz", bufsize=1 << 20) as archive:  # a stream: one pass, no seeking back
+            for member in archive:
+                name = os.path.normpath(member.name)
+                if name not in wanted:
+                    continue
+                if not member.isreg():
+                    kind = _MEMBER_KINDS.get(member.type, f"of tar type {member.type!r}")
+                    target = f" to {member.linkname}" if member.issym() or member.islnk() else ""
+                    raise InputError(f"archive {args.archive}: member {member.name} is {kind}{target}, not a "
+                                     "regular file; refusing it (is it the WMT14 archive?)")
+                out = Path(args.dest) / wanted[name]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with archive.extractfile(member) as data, open(out, "wb") as f:
+                    shutil.copyfileobj(data, f, 1 << 20)
+                found.add(name)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise InputError(f"cannot read archive {args.archive}: {e} (is it the WMT14 archive?)") from e
+    missing = [wanted[n] for n in wanted if n not in found]
+    if missing:
+        raise InputError(f"archive {args.archive} has no member {', '.join(missing)} (is it the WMT14 archive?)")
 
 
 def cmd_normalize(args):
@@ -351,10 +389,13 @@ def main(argv=None):
         or more) and, where it reads text, --replace-invalid-utf8."""
         a = sub.add_parser(name, parents=[reader] if reads_text else [])
         for positional in positionals:
-            a.add_argument(positional, nargs="+" if positional == "inputs" else None)
+            a.add_argument(positional, nargs="+" if positional in ("inputs", "members") else None)
         a.set_defaults(func=func)
         return a
 
+    a = command("extract", cmd_extract, "members", reads_text=False)
+    a.add_argument("--archive", required=True)
+    a.add_argument("--dest", required=True)
     command("normalize", cmd_normalize, "inputs").add_argument("--output", required=True)
     command("sgm2txt", cmd_sgm2txt, "input", "output")
     a = command("tokenize", cmd_tokenize, "input", "output")
