@@ -1,5 +1,7 @@
 """scripts/quickstart.sh end to end with a very reduced configuration (tiny corpus, 30 updates):
-every step runs, BLEU is printed with the sacreBLEU signature, and the loss plot is a PNG."""
+every step runs, BLEU is printed with the sacreBLEU signature, and the loss plot is a PNG. The
+work directory's name holds a space and shell metacharacters, so prepare, train, average and
+evaluate (both engines) are shown to take paths as data, never as commands."""
 
 import json
 import re
@@ -14,8 +16,11 @@ SMALL = {
 }
 
 
+HOSTILE_NAME = "a b;$(touch x)"
+
+
 def test_quickstart_runs_the_whole_pipeline(tmp_path):
-    env = dict(SMALL, QUICKSTART_DIR=str(tmp_path / "qs"))
+    env = dict(SMALL, QUICKSTART_DIR=str(tmp_path / HOSTILE_NAME / "qs"))
     out = run_cli(["bash", REPO / "scripts" / "quickstart.sh"], env=env, timeout=600).stdout
     for step in range(1, 7):
         assert f"{step}/6" in out
@@ -24,7 +29,10 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert m, out
     m = re.search(r"sacreBLEU: ([0-9.]+)  signature: (\S+)", out)
     assert m and m.group(2).startswith("nrefs:1|") and "tok:13a" in m.group(2), out
-    png = Path(re.search(r"Loss plot:\s+(\S+)", out).group(1))
+    engines = re.search(r"^  fairseq .*\n  ctranslate2 +([0-9.]+) +([0-9.]+) +([0-9.]+)$", out, re.M)
+    assert engines, out  # both engines decoded the test set
+    png = Path(re.search(r"Loss plot:\s+(.+)$", out, re.M).group(1))
+    assert png.is_relative_to(tmp_path / HOSTILE_NAME)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     save_dir = png.parent
     assert (save_dir / "checkpoint.avg5.pt").exists()
@@ -38,6 +46,8 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert "3/6 training:" in again and "skipping" in again
     assert "update 30/30" not in again
     assert f"sacreBLEU: {m.group(1)}" in again
+    # no step ran the name's $(touch x): no file x appeared where a shell would have created it
+    assert not (REPO / "x").exists() and not list(tmp_path.rglob("x"))
 
 
 def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
