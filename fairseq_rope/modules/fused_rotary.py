@@ -13,8 +13,14 @@ a copy of the activations.
 
 Triton is imported lazily, the first time a CUDA tensor asks for it; without CUDA or Triton,
 :func:`fused_available` is False and ``RotaryEmbedding.rotate`` uses another backend.
+
+Under Triton's interpreter (``TRITON_INTERPRET=1``, read by Triton when it is imported) the same
+kernel runs on CPU tensors, element for element in numpy: slow, but it computes what the compiled
+kernel computes, so the kernel and every model path through it are tested on machines without a
+GPU (:func:`fused_runs_on`).
 """
 
+import os
 from typing import Sequence, Tuple
 
 import torch
@@ -92,17 +98,30 @@ def _build_kernel():
     return rotary_kernel
 
 
+def interpreting() -> bool:
+    """True when Triton's interpreter runs kernels on CPU tensors (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def fused_available() -> bool:
-    """True when Triton imports and CUDA is up (checked once, lazily)."""
+    """True when Triton imports and CUDA is up or its interpreter is on (checked once, lazily)."""
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = False
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() or interpreting():
             try:
                 _KERNEL = _build_kernel()
             except Exception:  # no Triton, or one that does not work here: reference path
                 _KERNEL = False
     return _KERNEL is not False
+
+
+def fused_runs_on(device) -> bool:
+    """Whether tensors on ``device`` go through the kernel: CUDA ones, or CPU ones under the
+    interpreter. Without ``TRITON_INTERPRET=1`` nothing on the CPU changes."""
+    device_type = torch.device(device).type
+    on_device = device_type == "cuda" or (device_type == "cpu" and interpreting())
+    return on_device and fused_available()
 
 
 def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
@@ -165,10 +184,10 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
     """Rotate time-first tensors ``xs`` (each (T, B, H, D)) by ``positions`` ((T,) or (B, T)),
     reading fp32 ``cos_table``/``sin_table`` ((L, rotary_dim // 2), L > max position)."""
     check_layout(layout)
-    if not fused_available():
-        raise RuntimeError("fused rotary needs CUDA and Triton")
+    if not fused_runs_on(xs[0].device):
+        raise RuntimeError("fused rotary needs Triton and CUDA tensors, or CPU ones under TRITON_INTERPRET=1")
     positions = positions.to(device=xs[0].device, dtype=torch.long)
     return FusedRotaryFunction.apply(cos_table, sin_table, positions, layout, *xs)
 
 
-__all__ = ["fused_available", "fused_rotate"]
+__all__ = ["fused_available", "fused_rotate", "fused_runs_on", "interpreting"]

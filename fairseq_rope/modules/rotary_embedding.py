@@ -3,7 +3,8 @@ that every attention uses.
 
 :meth:`RotaryEmbedding.rotate` picks the backend itself:
 
-* CUDA with Triton: one fused kernel launch for q and k together (``fused_rotary``);
+* CUDA with Triton (or CPU tensors under Triton's interpreter): one fused kernel launch for q
+  and k together (``fused_rotary``);
 * tensors the caller gives up (``overwrite=True``, fresh projection outputs): rotated in place,
   the backward pass rotating the gradient in place by -m, so RoPE allocates what the stock
   attention allocates;
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .fused_rotary import fused_available, fused_rotate
+from .fused_rotary import fused_rotate, fused_runs_on
 from .rotary import (
     DYNAMIC_SCALINGS, ROPE_SCALINGS, apply_rotary, apply_rotary_, check_layout, check_scaling, dynamic_factors,
     next_power_of_two, rope_frequencies, rotation_angles,
@@ -149,7 +150,7 @@ class RotaryEmbedding:
         ``factors``: s per batch row of a dynamic scaling (:meth:`row_factors`).
         """
         heads = slice(None, rotated_heads)
-        if xs[0].is_cuda and not inverse and fused_available():
+        if not inverse and fused_runs_on(xs[0].device):
             cos, sin, _ = self.tables(length, positions.device)
             views = [x.view(heads_shape) for x in xs]
             # rows of a scaled sentence are rotated again from a copy of their input, so the
