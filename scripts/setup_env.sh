@@ -4,9 +4,9 @@
 #
 # Order matters on Python 3.11 (see README "Installation"):
 #   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
-#   deps by name -> tokenisers, scoring, plotting -> this package (editable).
+#   deps by name -> tokenisers, scoring, plotting -> Triton -> this package (editable).
 # A torch already present in the venv (for example a CUDA build a GPU user installed first) is
-# kept and pinned, so no later step can pull a second torch.
+# kept and pinned, so no later step can pull a second torch; so is the Triton it brought.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" setup
 VENV="${VENV:-$ROOT/.venv}"
@@ -14,6 +14,9 @@ PYTHON="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 FAIRSEQ_SPEC="${FAIRSEQ_SPEC:-fairseq-fixed==0.12.3.1}"
 STAMP="$VENV/.fairseq_rope_installed"
+# Used only when torch's metadata names no Triton (the CPU wheel): the version that the CUDA build
+# of torch 2.13 requires, so the kernel is tested with the Triton GPU users run it with.
+TRITON_FALLBACK_SPEC="${TRITON_FALLBACK_SPEC:-triton==3.9.0}"
 
 log() { printf '[setup] %s\n' "$*"; }  # on stdout, not common.sh's stderr: make setup's own report
 
@@ -23,11 +26,16 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PY="$VENV/bin/python"
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+# Triton ships wheels for Linux only; elsewhere the fused rotation is simply unavailable.
+triton_wanted() { [[ "$(uname -s)" == Linux ]]; }
+complete_check() {
+    if triton_wanted; then "$PY" -c "import fairseq, fairseq_rope, triton"; else "$PY" -c "import fairseq, fairseq_rope"; fi
+}
 
 # The stamp records the inputs of the last complete install (this script, setup.py and the
 # package sources); same inputs -> nothing to do.
 WANT="$(cd "$ROOT" && cat setup.py scripts/setup_env.sh $(find fairseq_rope -name '*.py' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && "$PY" -c "import fairseq, fairseq_rope" 2>/dev/null; then
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && complete_check 2>/dev/null; then
     log "environment $VENV is complete; nothing to install"
     exit 0
 fi
@@ -55,6 +63,33 @@ log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
     sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist "ctranslate2>=4.6.3,<5"
+
+# Triton runs the fused rotation: compiled on CUDA, and in the tests under its interpreter
+# (TRITON_INTERPRET=1) on CPU tensors, which also compiles it ahead of time for sm_80/sm_90.
+# A CUDA build of torch requires one exact Triton and names it in its metadata: that one is
+# installed. The CPU wheel names none; then TRITON_FALLBACK_SPEC, the version CUDA torch 2.13
+# requires. --no-deps and the torch constraint: Triton never brings a second torch. A Triton
+# already installed (the one a GPU user's CUDA torch brought) is kept.
+if ! triton_wanted; then
+    log "no Triton wheels for $(uname -s): the fused rotation kernel stays unavailable"
+elif "$PY" -c "import triton" 2>/dev/null; then
+    log "keeping installed triton $("$PY" -c 'import triton; print(triton.__version__)')"
+else
+    TRITON_SPEC="$("$PY" - <<'PYTHON'
+import importlib.metadata
+import re
+
+for requirement in importlib.metadata.requires("torch") or []:
+    match = re.match(r"\s*triton\s*==\s*([^\s;,]+)", requirement, re.IGNORECASE)
+    if match:
+        print("triton==" + match.group(1))
+        break
+PYTHON
+)"
+    TRITON_SPEC="${TRITON_SPEC:-$TRITON_FALLBACK_SPEC}"
+    log "installing $TRITON_SPEC (about 285 MB)"
+    pip_install -c "$CONSTRAINTS" --no-deps "$TRITON_SPEC"
+fi
 
 # A regular (not editable) install puts fairseq_rope/ next to fairseq/ in site-packages, where
 # fairseq resolves `--user-dir fairseq_rope` from any working directory.
