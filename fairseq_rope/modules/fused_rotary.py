@@ -21,7 +21,7 @@ GPU (:func:`fused_runs_on`).
 """
 
 import os
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -124,6 +124,22 @@ def fused_runs_on(device) -> bool:
     return on_device and fused_available()
 
 
+def kernel_constexprs(heads: int, head_dim: int, rotary_dim: int, layout: str,
+                      sign: float) -> Dict[str, Union[bool, float, int]]:
+    """The compile-time arguments of one launch on (time, batch, ``heads``, ``head_dim``) tensors
+    rotating ``rotary_dim`` channels: each distinct value is a separate compilation of the kernel
+    (the ahead-of-time compile tests build every one a model can ask for from this function)."""
+    half, rest = rotary_dim // 2, head_dim - rotary_dim
+    return dict(
+        SIGN=sign,
+        HALF=half,
+        INTERLEAVED=layout == "interleaved",
+        BLOCK_H=next_power_of_two(heads),
+        BLOCK_HALF=next_power_of_two(half),
+        BLOCK_REST=next_power_of_two(rest) if rest > 0 else 0,
+    )
+
+
 def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
             layout: str, sign: float) -> Tuple[Tensor, ...]:
     """One launch for one tensor or for two of the same shape and dtype (q and k)."""
@@ -142,7 +158,6 @@ def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, position
         sp_b, sp_t = positions.stride(0), positions.stride(1)
     T, B, H, D = x.shape
     half = cos_table.size(-1)
-    rest = D - 2 * half
     if T * B > 0:
         _KERNEL[(T * B, len(xs))](
             x, ox, y, oy, cos_table, sin_table, positions,
@@ -153,12 +168,7 @@ def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, position
             oy.stride(0), oy.stride(1), oy.stride(2),
             sp_t, sp_b,
             H, D, cos_table.stride(0),
-            SIGN=sign,
-            HALF=half,
-            INTERLEAVED=layout == "interleaved",
-            BLOCK_H=next_power_of_two(H),
-            BLOCK_HALF=next_power_of_two(half),
-            BLOCK_REST=next_power_of_two(rest) if rest > 0 else 0,
+            **kernel_constexprs(H, D, 2 * half, layout, sign),
         )
     return tuple(outs)
 
@@ -190,4 +200,4 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
     return FusedRotaryFunction.apply(cos_table, sin_table, positions, layout, *xs)
 
 
-__all__ = ["fused_available", "fused_rotate", "fused_runs_on", "interpreting"]
+__all__ = ["fused_available", "fused_rotate", "fused_runs_on", "interpreting", "kernel_constexprs"]
