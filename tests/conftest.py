@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny parallel corpus binarized once per session, and a CLI runner that
 calls fairseq's console scripts from this environment exactly as a user would."""
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -90,3 +91,67 @@ def table_cos_sin(rotary, positions, length):
 def rotate(attn, x, positions, length):
     """R_m x for a time-first (time, batch, heads, head_dim) ``x``, through the layer's rotation."""
     return attn.rotary.rotate([x], positions, length, x.shape)[0]
+
+
+# ------------------------------------------------------------------ the fused kernel on the CPU
+
+
+@pytest.fixture(scope="module")
+def interpreted_kernel():
+    """The fused rotation kernel run by Triton's interpreter on CPU tensors, for one test module.
+
+    Triton 3.x reads TRITON_INTERPRET when a function is decorated with ``@triton.jit`` (not when
+    triton is imported): the kernel built here, with the variable set, is an interpreted one, and
+    ``fused_runs_on`` sends CPU tensors to it while the variable is set. Afterwards the variable
+    is restored and the cached kernel dropped, so that other test files run by the same pytest
+    worker (``--dist loadfile``) see the CPU fallback exactly as in a process of their own; the
+    kernel is checked to really be interpreted, so a Triton that behaves otherwise skips
+    instead of testing the wrong thing.
+    """
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (scripts/setup_env.sh installs it)")
+    from fairseq_rope.modules import fused_rotary
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        patch.setattr(fused_rotary, "_KERNEL", None)
+        if not fused_rotary.fused_runs_on("cpu"):
+            pytest.skip("Triton's interpreter does not run the fused kernel here")
+        if type(fused_rotary._KERNEL).__name__ != "InterpretedFunction":
+            pytest.skip(f"TRITON_INTERPRET=1 built a {type(fused_rotary._KERNEL).__name__}, not an interpreted kernel")
+        yield fused_rotary
+    # patch.setattr restored _KERNEL to what it was before: a compiled kernel or "not tried yet"
+
+
+@pytest.fixture
+def kernel_launches(interpreted_kernel, monkeypatch):
+    """The shapes of the tensors of every fused kernel launch made during a test, in order."""
+    launches = []
+    launch = interpreted_kernel._launch
+
+    def counting_launch(xs, *args, **kwargs):
+        launches.append([tuple(x.shape) for x in xs])
+        return launch(xs, *args, **kwargs)
+
+    monkeypatch.setattr(interpreted_kernel, "_launch", counting_launch)
+    return launches
+
+
+def rotation_reference(x, cos, sin, layout):
+    """R x computed from its definition in fp64, then rounded once to ``x.dtype``: the pairs of
+    ``layout`` seen as complex numbers multiplied by cos + i sin; ``cos``/``sin`` broadcast
+    against (..., rotary_dim / 2), the channels beyond rotary_dim pass through."""
+    import torch
+
+    half = cos.size(-1)
+    rotated = x[..., : 2 * half].double()
+    if layout == "interleaved":
+        real, imag = rotated[..., 0::2], rotated[..., 1::2]
+    else:
+        real, imag = rotated[..., :half], rotated[..., half:]
+    product = torch.complex(real, imag) * torch.complex(cos.double(), sin.double())
+    if layout == "interleaved":
+        rotated = torch.stack((product.real, product.imag), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((product.real, product.imag), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
