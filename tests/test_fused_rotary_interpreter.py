@@ -16,6 +16,7 @@ from conftest import rotation_reference
 from fairseq_rope.modules.rotary import LAYOUTS
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
