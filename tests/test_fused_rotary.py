@@ -1,7 +1,9 @@
 """The rotation used by ``RotaryMultiheadAttention.rotate``: the fused CUDA kernel gives the
 reference ``apply_rotary`` numbers, forward and backward.
 
-The CUDA tests are skipped without a GPU and Triton; the CPU tests check the fallback."""
+The CUDA tests are skipped without a GPU and Triton; the CPU tests check the fallback. The kernel
+itself also runs on the CPU, under Triton's interpreter: test_fused_rotary_interpreter.py,
+test_fused_rotary_models.py; test_fused_rotary_compile.py compiles it for sm_80 and sm_90."""
 
 import pytest
 import torch

@@ -134,9 +134,9 @@ def compiled(tmp_path_factory):
         patch.delenv("TRITON_INTERPRET", raising=False)  # the real compiler, not the interpreter
         patch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (a*b+c fused), stated
         patch.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))  # compile, never reuse
-        # fork: the workers inherit the environment above and the imported modules; they never
-        # touch torch's thread pools
-        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        # spawn: fresh interpreters that start with the environment above (a fork would copy a
+        # process with torch's and pytest-xdist's threads; it is no faster here)
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(compile_safely, *zip(*jobs)))
     return [(*job, *result) for job, result in zip(jobs, results)]
 

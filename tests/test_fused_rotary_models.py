@@ -3,7 +3,7 @@ against the same models with the reference rotation: same weights, same batch, s
 
 The reference path is forced by making ``RotaryEmbedding.rotate`` see the kernel as unavailable;
 ``kernel_launches`` records every launch, so each test also checks that the kernel really ran
-(and with the shapes the model should give it). About 15 s on one core."""
+(and with the shapes the model should give it). About 10 s on one core."""
 
 from contextlib import contextmanager
 
