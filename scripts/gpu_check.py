@@ -111,8 +111,8 @@ FULL = Sizes(corpus=(30000, 500, 500), bpe_merges=2000, archs={"rope": "transfor
              kernel_cases="all", bandwidth_shape=(1024, 64, 16, 64), bandwidth_reps=20, copy_bytes=1 << 30, lanes=1)
 TINY = Sizes(corpus=(300, 20, 20), bpe_merges=200,
              archs={"rope": "transformer_rope_tiny", "sinusoidal": "transformer_tiny"},
-             model_args=("--encoder-layers", "1", "--decoder-layers", "1"), updates=8, max_tokens=1024, lr=3e-3,
-             log_interval=2, validations=2, max_len=ct2_bench.MAX_LEN, kernel_shapes=((3, 2, 3, 16),),
+             model_args=("--encoder-layers", "1", "--decoder-layers", "1"), updates=60, max_tokens=1024, lr=3e-3,
+             log_interval=10, validations=2, max_len=ct2_bench.MAX_LEN, kernel_shapes=((3, 2, 3, 16),),
              kernel_cases="covering",
              bandwidth_shape=(4, 2, 2, 16), bandwidth_reps=3, copy_bytes=1 << 20, lanes=2)
 
