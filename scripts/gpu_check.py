@@ -317,7 +317,8 @@ def import_rotation_without_fairseq():
     For the child process only, which imports nothing else of the plugin."""
     import types
 
-    for name, path in (("fairseq_rope", REPO / "fairseq_rope"), ("fairseq_rope.modules", REPO / "fairseq_rope" / "modules")):
+    plugin = REPO / "fairseq_rope"
+    for name, path in (("fairseq_rope", plugin), ("fairseq_rope.modules", plugin / "modules")):
         package = types.ModuleType(name)
         package.__path__ = [str(path)]
         sys.modules[name] = package
@@ -408,8 +409,9 @@ def train(run_dir, data_bin, langs, arch, precision, device, sizes, updates, thr
 def loss_verdict(runs, tolerance):
     """RoPE's final fp16 validation loss within ``tolerance`` (relative) of its fp32 one."""
     fp32, fp16 = runs.get("rope fp32", {}), runs.get("rope fp16", {})
-    if "final_valid_loss" not in fp16:
-        return {"pass": None, "status": fp16.get("status", "no fp16 run"), "tolerance": tolerance}
+    if "final_valid_loss" not in fp16 or "final_valid_loss" not in fp32:
+        failed = "failed" in (fp16.get("status"), fp32.get("status"))  # else skipped: no GPU
+        return {"pass": False if failed else None, "status": fp16.get("status", "no fp16 run"), "tolerance": tolerance}
     difference = abs(fp16["final_valid_loss"] - fp32["final_valid_loss"]) / fp32["final_valid_loss"]
     return {"pass": bool(difference <= tolerance), "relative_difference": round(difference, 4), "tolerance": tolerance,
             "fp32": fp32["final_valid_loss"], "fp16": fp16["final_valid_loss"]}
@@ -433,9 +435,10 @@ def training_section(data_bin, langs, work_dir, out_dir, device, sizes, updates,
             if skipped:
                 runs[name] = {"arch": sizes.archs[model], "precision": precision, "status": skipped}
                 continue
-            jobs[name] = (lambda model=model, precision=precision, name=name: train(
+            # one run's failure (fp16's loss scale at its minimum, ...) keeps the others' results
+            jobs[name] = (lambda model=model, precision=precision, name=name: guarded(name, lambda: train(
                 work_dir / "runs" / name.replace(" ", "-"), data_bin, langs, sizes.archs[model], precision, device,
-                sizes, updates, threads))
+                sizes, updates, threads)))
     for name, result in run_lanes(jobs, sizes.lanes).items():
         runs[name] = {"status": "ok", **result}
     plot_runs(runs, out_dir / "losses.png", f"{updates} updates on {device}")
@@ -535,7 +538,14 @@ def verdicts(report):
     return {"kernel within tolerance": kernel.get("pass", False),
             "RoPE fp16 loss within tolerance of fp32": training.get("fp16_verdict", {}).get("pass", False),
             "CTranslate2 float32 identical to fairseq": ct2.get("float32_identical_verdict", False),
-            "every step ran": not any(s.get("status") == "failed" for s in report.values() if isinstance(s, dict))}
+            "every step ran": not failed_steps(report)}
+
+
+def failed_steps(report):
+    """The names of the sections, and of the training runs, that failed."""
+    sections = {name: s for name, s in report.items() if isinstance(s, dict)}
+    runs = sections.get("training", {}).get("runs", {})
+    return [name for name, step in {**sections, **runs}.items() if step.get("status") == "failed"]
 
 
 def fmt(value, digits=4):
@@ -583,7 +593,8 @@ def training_md(training):
         return f"{fmt(valid)} / {fmt(logged[-1]) if logged else '-'}"
 
     curves = table(("update", *runs), [(u, *(at(run, u) for run in runs.values())) for u in updates])
-    skipped = [f"- {name}: {run['status']}" for name, run in training["runs"].items() if "valid_curve" not in run]
+    skipped = [f"- {name}: {run.get('error', run['status'])}" for name, run in training["runs"].items()
+               if "valid_curve" not in run]
     summary = table(("run", "arch", "final valid loss", "final train loss", "words/s", "updates/s", "seconds"),
                     [(name, r["arch"], r["final_valid_loss"], r["final_train_loss"], r["words_per_second"],
                       r["updates_per_second"], r["seconds"]) for name, r in runs.items()])
