@@ -491,6 +491,9 @@ def speed_section(training, generation):
 
 
 def ctranslate2_section(training, data_bin, work_dir, device, sizes, threads, decodes):
+    problem = ct2_bench.device_problem(device)  # a CTranslate2 wheel without CUDA, a GPU without float16, ...
+    if problem:
+        raise RuntimeError(problem)
     checkpoint = training["runs"]["rope fp32"]["checkpoint"]
     configs = ct2_bench.CT2_CONFIGS[device]
     models = {q: ct2_bench.export(checkpoint, data_bin, work_dir / "ct2", q)
