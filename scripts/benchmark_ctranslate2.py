@@ -2,7 +2,8 @@
 """Translation speed and BLEU: fairseq-generate against the same model exported to CTranslate2.
 
     python scripts/benchmark_ctranslate2.py --checkpoint work/quickstart/.../checkpoint.avg5.pt \\
-        --data-bin work/quickstart/.../data-bin --out-dir work/bench_ct2 [--threads 1 2] [--reps 3]
+        --data-bin work/quickstart/.../data-bin --out-dir work/bench_ct2 [--threads 1 2] [--reps 3] \\
+        [--device cuda]
 
 The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
 * ``fairseq-generate`` (its own timer: generation only, model loading excluded), and
@@ -11,6 +12,10 @@ The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
   ``CT2_USE_MKL`` (1: Intel MKL, 0: its own kernels): the faster backend differs by compute type
   and processor, so both are measured. Each CTranslate2 configuration runs in a fresh process,
   since the backend is fixed when the library loads.
+
+``--device cuda`` decodes on the GPU instead: fairseq-generate in fp32 and with ``--fp16``, and
+CTranslate2 float32, float16 and int8_float16 (int8 weights, fp16 activations), each compared
+with the fairseq run of its precision (float32 with fp32, the others with fp16).
 
 Every configuration runs at each ``--threads`` count (``OMP_NUM_THREADS`` for fairseq,
 ``intra_threads`` for CTranslate2) ``--reps`` times; the table gives the median time as sentences
@@ -37,23 +42,64 @@ from score_bleu import tokenized_bleu  # noqa: E402
 from translate import remove_bpe as remove_bpe_from_line  # noqa: E402
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64
+# target tokens before </s>: fairseq-generate's default --max-len-b (with --max-len-a 0), and CTranslate2's
+# max_decoding_length. A hypothesis that reaches it may differ: fairseq then forces </s> and adds its
+# log-probability to the score, CTranslate2 stops without it.
+MAX_LEN = 200
+DEVICES = ("cpu", "cuda")
+# per device: (CTranslate2 compute type, weights exported as, the fairseq precision it is compared with)
+CT2_CONFIGS = {
+    "cpu": (("float32", "none", "fp32"), ("int8", "int8", "fp32")),
+    "cuda": (("float32", "none", "fp32"), ("float16", "none", "fp16"), ("int8_float16", "int8", "fp16")),
+}
+FAIRSEQ_PRECISIONS = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
+CPU_BACKENDS = (1, 0)  # CT2_USE_MKL: the CPU backend is chosen when the library loads
+
+
+def device_problem(device):
+    """Why neither engine can decode on ``device``, as one line naming --device, or None."""
+    if device != "cuda":
+        return None
+    import ctranslate2
+    import torch
+
+    if not torch.cuda.is_available():
+        return "--device cuda: torch sees no CUDA device (is this a CUDA build of torch, and a GPU visible?)"
+    if ctranslate2.get_cuda_device_count() == 0:
+        return "--device cuda: CTranslate2 sees no CUDA device (its wheel needs the CUDA 12 runtime libraries)"
+    unsupported = [c for c, _, _ in CT2_CONFIGS[device] if c not in ctranslate2.get_supported_compute_types(device)]
+    if unsupported:
+        return f"--device cuda: CTranslate2 cannot compute {', '.join(unsupported)} on this GPU"
+    return None
+
+
+def identical_count(hypotheses, reference):
+    """How many hypotheses (token lists) are the reference's, token for token."""
+    return sum(h == r for h, r in zip(hypotheses, reference))
 
 
 def remove_bpe(tokens, bpe_type):
     return remove_bpe_from_line(" ".join(tokens), bpe_type)
 
 
-def fairseq_generate(checkpoint, data_bin, threads):
-    """(seconds, {id: source tokens}, {id: hypothesis tokens}, {id: reference tokens})."""
+def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp32", max_len=MAX_LEN):
+    """(seconds, {id: source tokens}, {id: hypothesis tokens}, {id: reference tokens}) of the test
+    set decoded on ``device`` in ``precision`` (fp32, or fp16 on cuda), at most ``max_len``
+    target tokens before </s>."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    device_args = ["--cpu"] if device == "cpu" else (["--fp16"] if precision == "fp16" else [])
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "fairseq-generate"), str(data_bin), "--user-dir", str(HERE.parent / "fairseq_rope"),
-         "--path", str(checkpoint), "--cpu", "--beam", str(BEAM), "--lenpen", str(LENPEN),
-         "--batch-size", str(BATCH), "--gen-subset", "test"],
+         "--path", str(checkpoint), *device_args, "--beam", str(BEAM), "--lenpen", str(LENPEN),
+         "--batch-size", str(BATCH), "--gen-subset", "test", "--max-len-a", "0", "--max-len-b", str(max_len)],
         capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"error: fairseq-generate failed:\n{proc.stderr[-3000:]}")
-    seconds = float(re.search(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", proc.stderr + proc.stdout)[1])
+    # its time is printed to 0.1 s, its speed to 0.01 sentences/s: the time from the speed is exact enough
+    # for a GPU's fraction of a second
+    m = re.search(r"Translated ([\d,]+) sentences \([\d,]+ tokens\) in [\d.]+s \(([\d.]+) sentences/s",
+                  proc.stderr + proc.stdout)
+    seconds = int(m[1].replace(",", "")) / float(m[2])
     lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", proc.stdout, re.M)}
              for kind in "SHT"}
     return seconds, lines["S"], lines["H"], lines["T"]
@@ -63,18 +109,24 @@ def ct2_worker(request):
     """Runs in its own process (the backend is read when ctranslate2 loads)."""
     import ctranslate2
 
-    translator = ctranslate2.Translator(request["model_dir"], device="cpu", compute_type=request["compute_type"],
-                                        intra_threads=request["threads"], inter_threads=1)
+    translator = ctranslate2.Translator(request["model_dir"], device=request["device"],
+                                        compute_type=request["compute_type"], intra_threads=request["threads"],
+                                        inter_threads=1)
     start = time.perf_counter()
     results = translator.translate_batch(request["sources"], beam_size=BEAM, length_penalty=LENPEN,
-                                         max_batch_size=BATCH, max_decoding_length=256)
+                                         max_batch_size=BATCH, max_decoding_length=request["max_len"])
     seconds = time.perf_counter() - start
     json.dump({"seconds": seconds, "hypotheses": [r.hypotheses[0] for r in results]}, sys.stdout)
 
 
-def ct2_translate(model_dir, compute_type, use_mkl, threads, sources):
-    request = dict(model_dir=str(model_dir), compute_type=compute_type, threads=threads, sources=sources)
-    env = dict(os.environ, CT2_USE_MKL=str(use_mkl), OMP_NUM_THREADS=str(threads))
+def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
+    """(seconds, hypotheses) of CTranslate2 in a fresh process; ``use_mkl`` None: its default
+    backend (the only one on cuda)."""
+    request = dict(model_dir=str(model_dir), compute_type=compute_type, threads=threads, sources=sources,
+                   device=device, max_len=max_len)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if use_mkl is not None:
+        env["CT2_USE_MKL"] = str(use_mkl)
     proc = subprocess.run([sys.executable, __file__, "--ct2-worker"], input=json.dumps(request),
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -84,13 +136,16 @@ def ct2_translate(model_dir, compute_type, use_mkl, threads, sources):
 
 
 def export(checkpoint, data_bin, out_dir, quantization):
+    """OUT_DIR/ct2_QUANTIZATION, exported unless it holds this very checkpoint already. In this
+    process: torch and fairseq are loaded once for all exports."""
+    import export_ctranslate2 as exporter
+
     model_dir = out_dir / f"ct2_{quantization}"
-    if not (model_dir / "model.bin").exists():
-        proc = subprocess.run([sys.executable, str(HERE / "export_ctranslate2.py"), "--checkpoint", str(checkpoint),
-                               "--data-bin", str(data_bin), "--output-dir", str(model_dir), "--quantization",
-                               quantization, "--force"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "error: export failed")
+    if not exporter.is_current(model_dir, checkpoint, quantization):
+        try:
+            exporter.export(str(checkpoint), str(data_bin), str(model_dir), quantization, force=True)
+        except (exporter.ExportRefused, exporter.ExportError, exporter.OptionError) as e:
+            sys.exit(f"error: {e}")
     return model_dir
 
 
@@ -101,6 +156,8 @@ def main(argv=None):
     p.add_argument("--out-dir", type=Path)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--reps", type=int, default=3, help="repetitions of each configuration (median taken)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="decode on the CPU (default) or on the first CUDA GPU")
     p.add_argument("--ct2-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.ct2_worker:
@@ -108,27 +165,36 @@ def main(argv=None):
     for flag in ("checkpoint", "data_bin", "out_dir"):
         if getattr(args, flag) is None:
             p.error(f"--{flag.replace('_', '-')} is required")
+    problem = device_problem(args.device)
+    if problem:
+        p.exit(2, f"{p.prog}: error: {problem}\n")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     bpe_type_file = args.data_bin / "bpe_type"
     bpe_type = bpe_type_file.read_text().strip() if bpe_type_file.exists() else "subword_nmt"
+    backends = CPU_BACKENDS if args.device == "cpu" else (None,)
 
     rows = []
-    models = {q: export(args.checkpoint, args.data_bin, args.out_dir, q) for q in ("none", "int8")}
+    models = {q: export(args.checkpoint, args.data_bin, args.out_dir, q) for _, q, _ in CT2_CONFIGS[args.device]}
     for threads in args.threads:
-        times, hyps = [], None
-        for _ in range(args.reps):
-            seconds, sources, hyps, refs = fairseq_generate(args.checkpoint, args.data_bin, threads)
-            times.append(seconds)
+        fairseq = {}  # precision -> (seconds of each rep, hypotheses by id)
+        for precision in FAIRSEQ_PRECISIONS[args.device]:
+            times = []
+            for _ in range(args.reps):
+                seconds, sources, hyps, refs = fairseq_generate(args.checkpoint, args.data_bin, threads, args.device,
+                                                                precision)
+                times.append(seconds)
+            fairseq[precision] = times, hyps
         ids = sorted(sources)
         references = [remove_bpe(refs[i], bpe_type) for i in ids]
-        configs = [("fairseq-generate", "float32", None, times, [hyps[i] for i in ids])]
-        for compute_type, quantization in (("float32", "none"), ("int8", "int8")):
-            for use_mkl in (1, 0):
-                runs = [ct2_translate(models[quantization], compute_type, use_mkl, threads, [sources[i] for i in ids])
-                        for _ in range(args.reps)]
-                configs.append(("ctranslate2", compute_type, use_mkl, [s for s, _ in runs], runs[0][1]))
-        baseline = statistics.median(times)
-        for engine, compute_type, use_mkl, seconds, hypotheses in configs:
+        configs = [("fairseq-generate", "float16" if precision == "fp16" else "float32", None, precision, times,
+                    [hyps[i] for i in ids]) for precision, (times, hyps) in fairseq.items()]
+        for compute_type, quantization, precision in CT2_CONFIGS[args.device]:
+            for use_mkl in backends:
+                runs = [ct2_translate(models[quantization], compute_type, use_mkl, threads, [sources[i] for i in ids],
+                                      args.device) for _ in range(args.reps)]
+                configs.append(("ctranslate2", compute_type, use_mkl, precision, [s for s, _ in runs], runs[0][1]))
+        for engine, compute_type, use_mkl, precision, seconds, hypotheses in configs:
+            times, hyps = fairseq[precision]  # compared with fairseq-generate in the same precision
             median = statistics.median(seconds)
             detok = [remove_bpe(h, bpe_type) for h in hypotheses]
             rows.append(dict(
@@ -137,11 +203,11 @@ def main(argv=None):
                 threads=threads, sentences=len(ids), seconds=[round(s, 3) for s in seconds],
                 sentences_per_s=round(len(ids) / median, 1),
                 tokens_per_s=round(sum(len(h) for h in hypotheses) / median, 1),
-                speedup=round(baseline / median, 2),
+                speedup=round(statistics.median(times) / median, 2),
                 bleu=round(tokenized_bleu(detok, references)[0].score, 2),
-                identical_to_fairseq=sum(h == hyps[i] for h, i in zip(hypotheses, ids)),
+                identical_to_fairseq=identical_count(hypotheses, [hyps[i] for i in ids]),
             ))
-            print(f"{engine:16s} {compute_type:8s} {rows[-1]['backend']:14s} threads {threads}: "
+            print(f"{engine:16s} {compute_type:12s} {rows[-1]['backend']:14s} threads {threads}: "
                   f"{rows[-1]['sentences_per_s']:8.1f} sent/s  x{rows[-1]['speedup']:<5}  BLEU {rows[-1]['bleu']}",
                   file=sys.stderr)
 
@@ -152,7 +218,7 @@ def main(argv=None):
         f"{r['tokens_per_s']} | {r['speedup']}x | {r['bleu']} | {r['identical_to_fairseq']}/{r['sentences']} |\n"
         for r in rows)
     report = dict(checkpoint=str(args.checkpoint), data_bin=str(args.data_bin), beam=BEAM, lenpen=LENPEN,
-                  batch_size=BATCH, reps=args.reps, cpu=cpu_model() or "unknown", rows=rows)
+                  batch_size=BATCH, reps=args.reps, device=args.device, cpu=cpu_model() or "unknown", rows=rows)
     write_text_atomically(args.out_dir / "results.json", json.dumps(report, indent=1) + "\n")
     write_text_atomically(args.out_dir / "results.md", table)
     print(table)

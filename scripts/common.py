@@ -354,11 +354,15 @@ def parse_train_log(lines: Iterable[str]) -> dict:
     """What a fairseq-train log says about the run: ``params`` (None if not logged),
     ``train_curve`` [[update, loss]], ``valid_curve`` [[update, loss, nll_loss]] (for a resumed
     run the last value logged for an update wins), ``valid_loss`` / ``valid_nll_loss`` at the
-    last validation (nan without one) and ``tokens_per_second``, the mean of the logged
-    train_inner words per second (of the per-epoch values when no train_inner line was logged)."""
+    last validation (nan without one), ``tokens_per_second`` and ``updates_per_second``, the means
+    of the logged train_inner words and updates per second (of the per-epoch values when no
+    train_inner line was logged), and ``speed_curve`` [[update, words/s, updates/s]] of the
+    train_inner lines."""
     if isinstance(lines, str):
         lines = lines.splitlines()
-    params, train, valid, inner_wps, epoch_wps = None, {}, {}, [], []
+    params, train, valid, speed_curve = None, {}, {}, {}
+    inner = {"wps": [], "ups": []}
+    epoch = {"wps": [], "ups": []}
     for line in lines:
         parsed = parse_train_line(line)
         if parsed is None:
@@ -373,17 +377,24 @@ def parse_train_log(lines: Iterable[str]) -> dict:
         elif kind == "train_inner":
             if "loss" in fields:
                 train[update] = fields["loss"]
-            if "wps" in fields:
-                inner_wps.append(fields["wps"])
-        elif kind == "train" and "wps" in fields:
-            epoch_wps.append(fields["wps"])
+            speed_curve[update] = [fields.get("wps", math.nan), fields.get("ups", math.nan)]
+        speeds = inner if kind == "train_inner" else epoch if kind == "train" else {}
+        for name, values in speeds.items():
+            if name in fields:
+                values.append(fields[name])
     curve = sorted(valid.items())
-    speeds = inner_wps or epoch_wps
+
+    def mean_speed(name):
+        values = inner[name] or epoch[name]
+        return sum(values) / len(values) if values else math.nan
+
     return {
         "params": params,
         "train_curve": [[u, loss] for u, loss in sorted(train.items())],
         "valid_curve": [[u, loss, nll] for u, (loss, nll) in curve],
         "valid_loss": curve[-1][1][0] if curve else math.nan,
         "valid_nll_loss": curve[-1][1][1] if curve else math.nan,
-        "tokens_per_second": sum(speeds) / len(speeds) if speeds else math.nan,
+        "tokens_per_second": mean_speed("wps"),
+        "updates_per_second": mean_speed("ups"),
+        "speed_curve": [[u, *speeds] for u, speeds in sorted(speed_curve.items())],
     }

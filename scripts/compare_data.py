@@ -169,15 +169,15 @@ def from_prepared_dir(args, work_dir, log):
     return TestData(data_bin, ranges, [r[3] for r in test], [r[4] for r in test], REMOVE_BPE[bpe_type])
 
 
-def quickstart_corpus(args, log):
+def quickstart_corpus(args, log, valid_size=300, test_size=500):
     """scripts/generate_corpus.py's corpus in OUT_DIR/corpus, prepared by prepare.sh into
     OUT_DIR/prepared (a rerun skips what is complete); returns the prepared work directory."""
     corpus, prepared = args.out_dir / "corpus", args.out_dir / "prepared"
     log(f"quickstart corpus: {args.corpus_train_size} training pairs, {args.corpus_bpe_size} BPE merges "
         f"(log: {args.out_dir / 'prepare.log'})")
     run_logged([sys.executable, REPO / "scripts" / "generate_corpus.py", "--out-dir", corpus,
-                "--seed", args.corpus_seed, "--train-size", args.corpus_train_size, "--valid-size", 300,
-                "--test-size", 500, "--src", args.source_lang, "--tgt", args.target_lang],
+                "--seed", args.corpus_seed, "--train-size", args.corpus_train_size, "--valid-size", valid_size,
+                "--test-size", test_size, "--src", args.source_lang, "--tgt", args.target_lang],
                args.out_dir / "generate_corpus.log")
     run_logged(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", prepared,
                 "--train-prefix", corpus / "train", "--valid-prefix", corpus / "valid", "--test-prefix", corpus / "test",

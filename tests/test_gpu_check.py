@@ -1,0 +1,120 @@
+"""scripts/gpu_check.py, the one command for a CUDA machine, run here in its --tiny mode: every step
+on the CPU with tiny sizes (the kernel under Triton's interpreter, fp32 training of both models on
+the reversal corpus, generation, CTranslate2 float32 and int8). Checks the report's structure and
+verdicts, and that without CUDA the command says so in one line. About 29 s on 2 idle cores (70 s
+when other jobs share them), most of it the start-up of the six fairseq processes it runs; the
+reversal corpus of conftest.py stands in for the quickstart one, whose preparation takes 15 s more."""
+
+import json
+import math
+import sys
+
+import pytest
+
+from conftest import REPO, run_cli
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+GPU_CHECK = REPO / "scripts" / "gpu_check.py"
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_check  # noqa: E402
+
+SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwidth", "ctranslate2")
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tiny_data_bin, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = run_cli([sys.executable, GPU_CHECK, "--tiny", "--out-dir", out, "--data-bin", tiny_data_bin / "data-bin",
+                    "--threads", "1"], check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out, tiny_data_bin
+
+
+def test_every_section_is_reported(tiny_report):
+    report, md, out, _ = tiny_report
+    for key in SECTIONS:
+        assert key in report and report[key].get("status") != "failed", (key, report.get(key))
+    for _, title, _ in gpu_check.SECTIONS:
+        assert f"\n## {title}\n" in md
+    assert report["verdicts"] == {"kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": None,
+                                  "CTranslate2 float32 identical to fairseq": True, "every step ran": True}
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__ and env["triton"] and env["ctranslate2"]
+    assert (out / "losses.png").stat().st_size > 0
+
+
+def test_kernel_ran_under_the_interpreter_within_the_tests_tolerances(tiny_report):
+    kernel = tiny_report[0]["kernel"]
+    assert kernel["backend"].startswith("Triton interpreter")
+    assert set(kernel["dtypes"]) == {"float32", "float16", "bfloat16"}
+    assert kernel["dtypes"]["float32"]["forward_abs"] <= 1e-6 and kernel["dtypes"]["float32"]["backward_abs"] <= 1e-6
+    for half in ("float16", "bfloat16"):
+        row = kernel["dtypes"][half]
+        assert row["cases"] >= 2 and row["forward_ulps"] <= 1 and row["backward_ulps"] <= 1
+    bandwidth = tiny_report[0]["bandwidth"]
+    assert bandwidth["gb_per_s"] > 0 and bandwidth["peak_source"].startswith("measured")
+
+
+def test_training_losses_are_finite_and_half_precisions_are_skipped(tiny_report):
+    training = tiny_report[0]["training"]
+    runs = training["runs"]
+    for model in ("rope", "sinusoidal"):
+        run = runs[f"{model} fp32"]
+        assert run["status"] == "ok" and run["arch"] == gpu_check.TINY.archs[model]
+        assert len(run["valid_curve"]) >= 2 and run["train_curve"][-1][0] == training["updates"]
+        assert all(math.isfinite(loss) for _, loss, _ in run["valid_curve"])
+        assert run["train_curve"][-1][1] < run["train_curve"][0][1]  # it learnt something
+        assert runs[f"{model} fp16"]["status"] == gpu_check.FP16_SKIPPED
+        assert runs[f"{model} bf16"]["status"] == gpu_check.BF16_SKIPPED
+    assert training["fp16_verdict"]["pass"] is None
+    assert "| rope fp32 | sinusoidal fp32 |" in tiny_report[1]
+
+
+def test_speed_ratios_and_ctranslate2_identity(tiny_report):
+    report, _, _, data = tiny_report
+    test_sentences = sum(1 for _ in open(data / "test.en"))
+    ratios = report["speed"]["rope_over_sinusoidal"]
+    assert set(ratios) == {"training fp32 words/s", "training fp32 updates/s", "generation fp32 sentences/s"}
+    assert all(r > 0 and math.isfinite(r) for r in ratios.values())
+    assert set(report["generation"]["runs"]) == {"rope fp32", "sinusoidal fp32"}
+    rows = {r["compute_type"]: r for r in report["ctranslate2"]["rows"]}
+    assert set(rows) == {"float32", "int8"}
+    assert rows["float32"]["sentences"] == rows["float32"]["identical"] == test_sentences
+    assert rows["int8"]["weights"] == "int8" and rows["int8"]["sentences"] == test_sentences
+
+
+def test_without_cuda_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # in this process: no second start-up
+    with pytest.raises(SystemExit) as exit:
+        gpu_check.main(["--out-dir", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("no CUDA device: ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ulps_and_peak_table():
+    one = torch.tensor([1.0], dtype=torch.float16)
+    assert gpu_check.ulp_errors(one + torch.finfo(torch.float16).eps, one, torch.float16).item() == 1.0
+    assert gpu_check.ulp_errors(torch.tensor([3.0]), torch.tensor([2.0]), torch.bfloat16).item() == 2 ** 7 / 2
+    assert gpu_check.known_peak_bandwidth("NVIDIA H100 80GB HBM3") == (3350, "H100")
+    assert gpu_check.known_peak_bandwidth("NVIDIA GH200 480GB")[0] == 4000
+    assert gpu_check.known_peak_bandwidth("NVIDIA L40S")[0] == 864
+    assert gpu_check.known_peak_bandwidth("NVIDIA L4")[0] == 300
+    assert gpu_check.known_peak_bandwidth("NVIDIA A100-SXM4-40GB")[0] == 1555
+    assert gpu_check.known_peak_bandwidth("Some Future GPU") == (None, None)
+
+
+def test_a_failed_step_or_run_fails_the_verdicts():
+    runs = {"rope fp32": {"status": "ok", "final_valid_loss": 4.0}, "rope fp16": {"status": "failed", "error": "x"}}
+    report = {"kernel": {"pass": True}, "training": {"runs": runs, "fp16_verdict": gpu_check.loss_verdict(runs, 0.03)},
+              "ctranslate2": {"float32_identical_verdict": True}}
+    assert gpu_check.failed_steps(report) == ["rope fp16"]
+    assert gpu_check.verdicts(report) == {
+        "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": False,
+        "CTranslate2 float32 identical to fairseq": True, "every step ran": False}
+    runs["rope fp16"] = {"status": "ok", "final_valid_loss": 4.2}
+    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is False and gpu_check.loss_verdict(runs, 0.06)["pass"] is True
