@@ -72,8 +72,6 @@ MODELS = ("rope", "sinusoidal")
 PRECISIONS = ("fp32", "fp16", "bf16")
 BF16_SKIPPED = "skipped: fairseq 0.12's --bf16 implies --tpu (torch_xla), so fairseq-train cannot train in bf16 on CUDA"
 FP16_SKIPPED = "skipped: needs CUDA"
-# the tolerances of the kernel tests: absolute in fp32, ulps of the dtype in half precision
-KERNEL_TOLERANCE = {"float32": ("abs", 1e-6), "float16": ("ulps", 1.0), "bfloat16": ("ulps", 1.0)}
 # specified memory bandwidth (GB/s) by a part of torch.cuda.get_device_name(); the first match wins,
 # so the more specific names come first
 PEAK_BANDWIDTH = (
@@ -167,16 +165,6 @@ def environment_section(device):
 # before Triton is imported (TRITON_INTERPRET is read at import time)
 
 
-def ulp_errors(out, reference, dtype):
-    """|out - reference| in units in the last place of ``dtype`` at the reference's magnitude."""
-    import torch
-
-    finfo = torch.finfo(dtype)
-    ref = reference.double()
-    binade = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(finfo.tiny))))
-    return (out.double() - ref).abs() / (binade * finfo.eps)
-
-
 def kernel_cases(sizes):
     """(dtype name, shape, layout, rotary fraction, per-sentence positions, pair launch) to check:
     every combination, or (tiny) a covering set: each option of each dtype at least once."""
@@ -191,12 +179,14 @@ def kernel_cases(sizes):
 
 
 def check_kernel_case(device, dtype_name, shape, layout, fraction, per_sentence, pair, seed):
-    """{forward/backward: (abs error, ulps)} of one launch (or q/k pair) against the reference."""
+    """{forward/backward: {absolute, ulps, pass}} of one launch (or q/k pair) against the rotation
+    from its definition (``rotation_reference``: the kernel tests' reference and tolerances)."""
     import torch
 
     from fairseq_rope.modules.fused_rotary import fused_rotate
-    from fairseq_rope.modules.rotary import apply_rotary, rotary_dim_for
+    from fairseq_rope.modules.rotary import rotary_dim_for
     from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
+    from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition
 
     dtype = getattr(torch, dtype_name)
     T, B, H, D = shape
@@ -217,22 +207,20 @@ def check_kernel_case(device, dtype_name, shape, layout, fraction, per_sentence,
     outs = outs if isinstance(outs, tuple) else (outs,)
     grads = [torch.randn(x.shape, generator=g).to(device=device, dtype=dtype) for x in xs]
     torch.autograd.backward(outs, grads)
-    # fp32 against fp64; fp16 and bf16 against the reference's own rounding (fp32 arithmetic)
-    exact = torch.float64 if dtype == torch.float32 else dtype
-    cos, sin = (t.to(torch.promote_types(exact, torch.float32)) for t in (cos, sin))
     errors = {"forward": [], "backward": []}
     for x, out, grad in zip(xs, outs, grads):
-        want = apply_rotary(x.detach().to(exact), cos, sin, layout)
-        want_grad = apply_rotary(grad.to(exact), cos, -sin, layout)  # R^T = R(-m theta)
-        errors["forward"].append((out.detach(), want))
-        errors["backward"].append((x.grad, want_grad))
-    return {kind: (max(float((a.double() - b.double()).abs().max()) for a, b in pairs),
-                   max(float(ulp_errors(a, b, dtype).max()) for a, b in pairs))
-            for kind, pairs in errors.items()}
+        errors["forward"].append(kernel_error(out.detach(), rotation_from_definition(x.detach(), cos, sin, layout)))
+        # d(R x)/dx applied to a gradient is R^T, the rotation by -m
+        errors["backward"].append(kernel_error(x.grad, rotation_from_definition(grad, cos, -sin, layout)))
+    return {kind: {"absolute": max(e["absolute"] for e in found), "ulps": max(e["ulps"] for e in found),
+                   "pass": all(e["pass"] for e in found)} for kind, found in errors.items()}
 
 
 def kernel_section(device, sizes):
+    import torch
+
     from fairseq_rope.modules.fused_rotary import fused_runs_on, interpreting
+    from fairseq_rope.modules.rotation_reference import KERNEL_TOLERANCE
 
     if not fused_runs_on(device):
         raise RuntimeError(f"the fused kernel does not run on {device}: is Triton installed (pip install triton)?")
@@ -241,15 +229,15 @@ def kernel_section(device, sizes):
         dtype_name = case[0]
         errors = check_kernel_case(device, *case, seed=seed)
         row = results.setdefault(dtype_name, {"cases": 0, "forward_abs": 0.0, "forward_ulps": 0.0,
-                                              "backward_abs": 0.0, "backward_ulps": 0.0})
+                                              "backward_abs": 0.0, "backward_ulps": 0.0, "pass": True})
         row["cases"] += 1
-        for kind, (abs_error, ulps) in errors.items():
-            row[f"{kind}_abs"] = max(row[f"{kind}_abs"], abs_error)
-            row[f"{kind}_ulps"] = max(row[f"{kind}_ulps"], ulps)
+        for kind, error in errors.items():
+            row[f"{kind}_abs"] = max(row[f"{kind}_abs"], error["absolute"])
+            row[f"{kind}_ulps"] = max(row[f"{kind}_ulps"], error["ulps"])
+            row["pass"] = row["pass"] and error["pass"]
     for dtype_name, row in results.items():
-        measure, limit = KERNEL_TOLERANCE[dtype_name]
-        row["tolerance"] = f"{limit:g} {'absolute' if measure == 'abs' else 'ulp'}"
-        row["pass"] = all(row[f"{kind}_{measure}"] <= limit for kind in ("forward", "backward"))
+        measure, limit = KERNEL_TOLERANCE[getattr(torch, dtype_name)]
+        row["tolerance"] = f"{limit:g} {measure}"
     return {"backend": "Triton interpreter (TRITON_INTERPRET=1)" if interpreting() else "compiled Triton",
             "shapes": [list(s) for s in sizes.kernel_shapes], "dtypes": results,
             "pass": all(row["pass"] for row in results.values())}
@@ -580,8 +568,8 @@ def kernel_md(kernel):
     rows = [(dtype, r["cases"], r["forward_abs"], r["forward_ulps"], r["backward_abs"], r["backward_ulps"],
              r["tolerance"], "pass" if r["pass"] else "**FAIL**") for dtype, r in kernel["dtypes"].items()]
     return (f"{kernel['backend']}, shapes (T, B, H, head_dim) {kernel['shapes']}; largest errors against "
-            "`apply_rotary` (fp32: computed in fp64; fp16 and bf16: its own rounding), ulps of the dtype at the "
-            "reference value (fp32 is judged by its absolute error: results near zero make its ulps large).\n\n"
+            "the rotation computed in fp64 and rounded once to the dtype, in ulps of the dtype at the reference "
+            "value (fp32 is judged by its absolute error: results near zero make its ulps large).\n\n"
             + table(("dtype", "cases", "forward abs", "forward ulps", "backward abs", "backward ulps", "tolerance",
                      "verdict"), rows))
 

@@ -148,22 +148,3 @@ def kernel_launches(interpreted_kernel, monkeypatch):
     monkeypatch.setattr(interpreted_kernel, "_launch", counting_launch)
     return launches
 
-
-def rotation_reference(x, cos, sin, layout):
-    """R x computed from its definition in fp64, then rounded once to ``x.dtype``: the pairs of
-    ``layout`` seen as complex numbers multiplied by cos + i sin; ``cos``/``sin`` broadcast
-    against (..., rotary_dim / 2), the channels beyond rotary_dim pass through."""
-    import torch
-
-    half = cos.size(-1)
-    rotated = x[..., : 2 * half].double()
-    if layout == "interleaved":
-        real, imag = rotated[..., 0::2], rotated[..., 1::2]
-    else:
-        real, imag = rotated[..., :half], rotated[..., half:]
-    product = torch.complex(real, imag) * torch.complex(cos.double(), sin.double())
-    if layout == "interleaved":
-        rotated = torch.stack((product.real, product.imag), dim=-1).flatten(-2)
-    else:
-        rotated = torch.cat((product.real, product.imag), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)

@@ -1,19 +1,20 @@
 """The fused Triton rotation kernel, executed by Triton's interpreter on CPU tensors, against
-the rotation computed from its definition (``conftest.rotation_reference``), forward and
-backward: every path of the kernel runs in the normal suite on a machine without a GPU.
+the rotation computed from its definition (``rotation_reference.rotation_from_definition``),
+forward and backward: every path of the kernel runs in the normal suite on a machine without a
+GPU.
 
-Tolerances: fp32 within 1e-6 (absolute and relative); fp16 and bf16 within one unit in the last
-place of the output dtype, taken at the magnitude of the exactly rounded reference: the distance
-from |reference| to the next representable number of that dtype (``torch.nextafter``), so an
-output one representable number away passes and two away fail. Shapes are small: the
-interpreter runs each (token, tensor) program in numpy, a few ms each (about 10 s in all on one
-core)."""
+Tolerances (``rotation_reference.KERNEL_TOLERANCE``, which gpu_check.py applies on a GPU): fp32
+within 1e-6; fp16 and bf16 within one unit in the last place of the output dtype, taken at the
+magnitude of the exactly rounded reference, so an output one representable number away passes
+and two away fail. Shapes are small: the interpreter runs each (token, tensor) program in numpy,
+a few ms each (about 10 s in all on one core)."""
 
 import pytest
 import torch
 
-from conftest import rotation_reference
 from fairseq_rope.modules.rotary import LAYOUTS
+from fairseq_rope.modules.rotation_reference import kernel_error
+from fairseq_rope.modules.rotation_reference import rotation_from_definition as rotation_reference
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,16 +22,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def assert_close_to_reference(got, expected):
-    """fp32: 1e-6; fp16/bf16: at most one ulp of the dtype at the reference's magnitude."""
+    """Within ``KERNEL_TOLERANCE`` of the reference: 1e-6 in fp32, one ulp in fp16/bf16."""
     assert got.dtype == expected.dtype and got.shape == expected.shape
-    if got.dtype == torch.float32:
-        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
-        return
-    magnitude = expected.abs()
-    ulp = (torch.nextafter(magnitude, torch.full_like(magnitude, float("inf"))) - magnitude).float()
-    error = (got.float() - expected.float()).abs()
-    worst = (error / ulp).max().item() if error.numel() else 0.0
-    assert bool((error <= ulp).all()), f"{got.dtype}: {worst:.2f} ulp off the reference"
+    error = kernel_error(got, expected)
+    assert error["pass"], f"{got.dtype}: {error['absolute']:.3g} absolute, {error['ulps']:.2f} ulp off the reference"
 
 
 def table_rows(rotary, positions, length):

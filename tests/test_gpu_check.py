@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 GPU_CHECK = REPO / "scripts" / "gpu_check.py"
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check  # noqa: E402
+from fairseq_rope.modules.rotation_reference import ulps_off  # noqa: E402
 
 SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwidth", "ctranslate2")
 
@@ -54,6 +55,7 @@ def test_kernel_ran_under_the_interpreter_within_the_tests_tolerances(tiny_repor
     for half in ("float16", "bfloat16"):
         row = kernel["dtypes"][half]
         assert row["cases"] >= 2 and row["forward_ulps"] <= 1 and row["backward_ulps"] <= 1
+    assert kernel["pass"] and all(row["pass"] for row in kernel["dtypes"].values())
     bandwidth = tiny_report[0]["bandwidth"]
     assert bandwidth["gb_per_s"] > 0 and bandwidth["peak_source"].startswith("measured")
 
@@ -98,8 +100,9 @@ def test_without_cuda_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
 
 def test_ulps_and_peak_table():
     one = torch.tensor([1.0], dtype=torch.float16)
-    assert gpu_check.ulp_errors(one + torch.finfo(torch.float16).eps, one, torch.float16).item() == 1.0
-    assert gpu_check.ulp_errors(torch.tensor([3.0]), torch.tensor([2.0]), torch.bfloat16).item() == 2 ** 7 / 2
+    assert ulps_off(one + torch.finfo(torch.float16).eps, one).item() == 1.0
+    two = torch.tensor([2.0], dtype=torch.bfloat16)
+    assert ulps_off(torch.tensor([3.0]), two).item() == 2 ** 7 / 2
     assert gpu_check.known_peak_bandwidth("NVIDIA H100 80GB HBM3") == (3350, "H100")
     assert gpu_check.known_peak_bandwidth("NVIDIA GH200 480GB")[0] == 4000
     assert gpu_check.known_peak_bandwidth("NVIDIA L40S")[0] == 864
