@@ -7,8 +7,8 @@
 ``report.json`` and ``report.md`` in --out-dir (each written atomically), one section per step:
 
 1. environment: the GPU (name, compute capability, memory), CUDA, torch, Triton, CTranslate2, fairseq;
-2. kernel: the fused Triton rotation (fairseq_rope/modules/fused_rotary.py) against the reference
-   ``apply_rotary`` on the device, forward and backward, fp32 / fp16 / bf16, both layouts, whole
+2. kernel: the fused Triton rotation (fairseq_rope/modules/fused_rotary.py) on the device against
+   the rotation from its definition (fairseq_rope/modules/rotation_reference.py), forward and backward, fp32 / fp16 / bf16, both layouts, whole
    and partial rotation, shared (T,) and per-sentence (B, T) positions, strided inputs, one tensor
    and the q/k pair: the largest error, absolute and in units in the last place (ulps) of the
    dtype; it passes within 1e-6 in fp32 and one ulp in fp16 and bf16, the tests' tolerances;
