@@ -4,7 +4,7 @@
 #
 # Order matters on Python 3.11 (see README "Installation"):
 #   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
-#   deps by name -> tokenisers, scoring, plotting -> Triton -> this package (editable).
+#   deps by name -> tokenisers, scoring, plotting -> Triton -> this package (a regular install).
 # A torch already present in the venv (for example a CUDA build a GPU user installed first) is
 # kept and pinned, so no later step can pull a second torch; so is the Triton it brought.
 set -euo pipefail
