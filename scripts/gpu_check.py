@@ -186,7 +186,7 @@ def check_kernel_case(device, dtype_name, shape, layout, fraction, per_sentence,
     from fairseq_rope.modules.fused_rotary import fused_rotate
     from fairseq_rope.modules.rotary import rotary_dim_for
     from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
-    from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition
+    from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition, time_first_rows
 
     dtype = getattr(torch, dtype_name)
     T, B, H, D = shape
@@ -195,10 +195,9 @@ def check_kernel_case(device, dtype_name, shape, layout, fraction, per_sentence,
     cos_table, sin_table, _ = rotary.tables(T + 8, device)
     if per_sentence:  # left padding shifts each sentence's positions
         positions = (torch.arange(T) + torch.randint(0, 8, (B, 1), generator=g)).to(device)
-        cos, sin = (t[positions].transpose(0, 1).unsqueeze(2) for t in (cos_table, sin_table))
     else:
         positions = torch.arange(T, device=device)
-        cos, sin = (t[positions][:, None, None, :] for t in (cos_table, sin_table))
+    cos, sin = time_first_rows(cos_table, sin_table, positions)
     # q and k as views of a fused projection: strided, the last dimension contiguous
     qkv = torch.randn(T, B, 3 * H * D, generator=g).to(device=device, dtype=dtype)
     xs = [qkv[..., i * H * D:(i + 1) * H * D].unflatten(-1, (H, D)).detach().requires_grad_()

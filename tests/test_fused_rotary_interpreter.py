@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fairseq_rope.modules.rotary import LAYOUTS
-from fairseq_rope.modules.rotation_reference import kernel_error
+from fairseq_rope.modules.rotation_reference import kernel_error, time_first_rows
 from fairseq_rope.modules.rotation_reference import rotation_from_definition as rotation_reference
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
@@ -29,12 +29,9 @@ def assert_close_to_reference(got, expected):
 
 
 def table_rows(rotary, positions, length):
-    """cos and sin of each position, time-first and broadcasting against (T, B, H, rotary/2)."""
-    cos, sin, _ = rotary.tables(length, positions.device)
-    cos, sin = cos[positions], sin[positions]
-    if positions.dim() == 1:
-        return cos[:, None, None, :], sin[:, None, None, :]
-    return cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+    """cos and sin of each position of ``rotary``'s tables, time-first."""
+    cos_table, sin_table, _ = rotary.tables(length, positions.device)
+    return time_first_rows(cos_table, sin_table, positions)
 
 
 def make_positions(kind, T, B):

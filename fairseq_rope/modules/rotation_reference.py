@@ -32,6 +32,15 @@ def rotation_from_definition(x: Tensor, cos: Tensor, sin: Tensor, layout: str = 
     return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
+def time_first_rows(cos_table: Tensor, sin_table: Tensor, positions: Tensor):
+    """cos and sin of each position, broadcasting against time-first (T, B, H, rotary_dim / 2)
+    pairs: positions (T,) shared by the batch, or (B, T) per sentence."""
+    cos, sin = cos_table[positions], sin_table[positions]
+    if positions.dim() == 1:
+        return cos[:, None, None, :], sin[:, None, None, :]
+    return cos.transpose(0, 1)[:, :, None, :], sin.transpose(0, 1)[:, :, None, :]
+
+
 def ulps_off(got: Tensor, reference: Tensor) -> Tensor:
     """|got - reference| in units in the last place of ``reference.dtype`` at the reference's
     magnitude (the gap from |reference| to the next representable number above it)."""
