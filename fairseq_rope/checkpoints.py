@@ -25,7 +25,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .atomic_files import write_atomically
+from fairseq_rope_tools.files import write_atomically
 from .model_options import (
     INFERENCE_OPTIONS, check_model_overrides, check_resumed_model, config_value, is_plugin_option, option_flag,
     model_config, trained_model_differences,

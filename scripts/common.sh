@@ -1,4 +1,4 @@
-# What the project's shell scripts share (the shell side of common.py). Sourced, never run: first
+# What the scripts in scripts/ share. Sourced, never run: first
 # thing after `set -euo pipefail`, with the name that prefixes the script's messages,
 #   source "$(dirname "${BASH_SOURCE[0]}")/common.sh" NAME
 # (always with NAME: without arguments, bash would hand this file the script's own). It sets

@@ -4,7 +4,7 @@
 #   make demo                          # RoPE: transformer_rope_tiny
 #   ARCH=transformer_tiny make demo    # the sinusoidal baseline, same settings
 #
-# 1. generate a synthetic English -> German-like corpus (scripts/generate_corpus.py: verb-final
+# 1. generate a synthetic English -> German-like corpus (fairseq-rope-generate-corpus: verb-final
 #    subordinate clauses, verb brackets, inversion, agreement over distance, numbers)
 # 2. prepare it like WMT14 (examples/wmt14_en_de/prepare.sh: Moses normalisation and
 #    tokenisation, cleaning, joint BPE, fairseq-preprocess --joined-dictionary)
@@ -15,7 +15,7 @@
 #    exported to CTranslate2 and the same test set decoded with it (ENGINE=ctranslate2, same beam,
 #    length penalty, batch size and thread count), and both engines' BLEU and sentences per second
 #    (decoding only, model loading excluded) are printed side by side
-# 6. a PNG plot of training and validation loss per update (scripts/plot_losses.py)
+# 6. a PNG plot of training and validation loss per update (fairseq-rope-plot-losses)
 #
 # Every step is skipped when its output is already complete, so a second run only reprints the
 # results. Directory names carry the settings, so changing a knob redoes what it affects.
@@ -84,7 +84,7 @@ if [[ -f "$CORPUS/.done" ]]; then
 else
     say "1/6 generating $TRAIN_SIZE/$VALID_SIZE/$TEST_SIZE synthetic sentence pairs (seed $SEED)"
     rm -rf "$CORPUS.tmp"
-    python "$ROOT/scripts/generate_corpus.py" --out-dir "$CORPUS.tmp" --seed "$SEED" \
+    fairseq-rope-generate-corpus --out-dir "$CORPUS.tmp" --seed "$SEED" \
         --train-size "$TRAIN_SIZE" --valid-size "$VALID_SIZE" --test-size "$TEST_SIZE"
     touch "$CORPUS.tmp/.done"; rm -rf "$CORPUS"; mv "$CORPUS.tmp" "$CORPUS"
 fi
@@ -147,7 +147,7 @@ fi
 # 6. plot
 say "6/6 plotting the losses"
 PNG="$SAVE_DIR/losses.png"
-python "$ROOT/scripts/plot_losses.py" "$SAVE_DIR/train.log" --output "$PNG" \
+fairseq-rope-plot-losses "$SAVE_DIR/train.log" --output "$PNG" \
     --title "$ARCH on the synthetic En-De corpus" > /dev/null
 
 if [[ "$SHOW_EXAMPLES" -gt 0 ]]; then
@@ -173,7 +173,7 @@ if [[ "$CT2_OK" == 1 ]]; then
     engine_row fairseq "$EVAL_DIR"
     engine_row ctranslate2 "$CT2_EVAL_DIR"
     echo "CTranslate2: $SAVE_DIR/ct2_avg$NUM_AVG"
-    echo "Translate:   python scripts/translate.py --work-dir $PREP --model-dir $SAVE_DIR/ct2_avg$NUM_AVG FILE"
+    echo "Translate:   fairseq-rope-translate --work-dir $PREP --model-dir $SAVE_DIR/ct2_avg$NUM_AVG FILE"
 fi
 echo "Hypotheses:  $EVAL_DIR/hyp.detok.de"
 echo "Loss plot:   $PNG"

@@ -29,12 +29,12 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 # Triton ships wheels for Linux only; elsewhere the fused rotation is simply unavailable.
 triton_wanted() { [[ "$(uname -s)" == Linux ]]; }
 complete_check() {
-    if triton_wanted; then "$PY" -c "import fairseq, fairseq_rope, triton"; else "$PY" -c "import fairseq, fairseq_rope"; fi
+    if triton_wanted; then "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools, triton"; else "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools"; fi
 }
 
-# The stamp records the inputs of the last complete install (this script, setup.py and the
-# package sources); same inputs -> nothing to do.
-WANT="$(cd "$ROOT" && cat setup.py scripts/setup_env.sh $(find fairseq_rope -name '*.py' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+# The stamp records the inputs of the last complete install (this script, pyproject.toml and
+# the packages' sources, the recipe's installed copy included); same inputs -> nothing to do.
+WANT="$(cd "$ROOT" && cat pyproject.toml scripts/setup_env.sh $(find fairseq_rope fairseq_rope_tools examples -name '*.py' -o -name '*.sh' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && complete_check 2>/dev/null; then
     log "environment $VENV is complete; nothing to install"
     exit 0
@@ -62,7 +62,7 @@ fi
 log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
-    sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist "ctranslate2>=4.6.3,<5"
+    sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist ruff "ctranslate2>=4.6.3,<5"
 
 # Triton runs the fused rotation: compiled on CUDA, and in the tests under its interpreter
 # (TRITON_INTERPRET=1) on CPU tensors, which also compiles it ahead of time for sm_80/sm_90.
@@ -92,8 +92,9 @@ PYTHON
 fi
 
 # A regular (not editable) install puts fairseq_rope/ next to fairseq/ in site-packages, where
-# fairseq resolves `--user-dir fairseq_rope` from any working directory.
-log "installing fairseq_rope"
+# fairseq resolves `--user-dir fairseq_rope` from any working directory, with the tools'
+# fairseq_rope_tools/ and their fairseq-rope-* commands.
+log "installing fairseq_rope and fairseq_rope_tools"
 rm -rf "$ROOT/build"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps --force-reinstall "$ROOT"
 rm -rf "$ROOT/build"

@@ -1,20 +1,17 @@
-"""scripts/average_checkpoints.py: exact mean, selection of the last N, refusal of mismatched
+"""fairseq-rope-average: exact mean, selection of the last N, refusal of mismatched
 checkpoints, atomic writes, and a result that fairseq-generate loads."""
 
 import argparse
 import collections
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli
 
+from fairseq_rope_tools.checkpoints import average_checkpoints as avg
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("average_checkpoints", REPO / "scripts" / "average_checkpoints.py")
-avg = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(avg)
 
 
 def make_checkpoint(path, params, arch="transformer_rope_tiny"):
@@ -158,7 +155,7 @@ def test_average_of_trained_checkpoints_loads_in_fairseq_generate(tiny_data_bin,
         "--criterion", "label_smoothed_cross_entropy", "--disable-validation",
     ])
     out = tmp_path / "avg.pt"
-    run_cli(["python", REPO / "scripts" / "average_checkpoints.py", "--inputs", save,
+    run_cli(["fairseq-rope-average", "--inputs", save,
              "--num-update-checkpoints", "3", "--output", out])
     members = [torch.load(save / f"checkpoint_1_{u}.pt")["model"] for u in (2, 4, 6)]
     name = "encoder.layers.0.fc1.weight"
@@ -262,8 +259,7 @@ def test_full_disk_is_one_line_with_the_path(tmp_path, monkeypatch, error):
 
 HANG_WHILE_WRITING = """
 import sys, time, torch
-sys.path.insert(0, {scripts!r})
-import average_checkpoints as avg
+from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 real_save = torch.save
 def save_half_then_hang(obj, f, *args, **kwargs):
     real_save(obj, f, *args, **kwargs)
@@ -288,7 +284,7 @@ def _average_until_writing(tmp_path, paths, out):
     # keeps an inherited SIG_IGN: restore the default so that the child's SIGINT is Ctrl-C's
     # KeyboardInterrupt however the test suite itself was started.
     proc = subprocess.Popen(
-        [sys.executable, "-c", HANG_WHILE_WRITING.format(scripts=str(REPO / "scripts")),
+        [sys.executable, "-c", HANG_WHILE_WRITING,
          "--inputs", *map(str, paths), "--output", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

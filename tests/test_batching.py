@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from fairseq.data import data_utils
 
 import fairseq_rope  # noqa: F401
-from fairseq.data import data_utils
 
 
 @pytest.mark.parametrize("n", [1, 7, 9, 13, 40, 500, 3003])

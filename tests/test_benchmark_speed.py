@@ -1,11 +1,10 @@
-"""scripts/benchmark_speed.py end to end on a tiny budget: it runs, alternates, and reports every
+"""fairseq-rope-benchmark-speed end to end on a tiny budget: it runs, alternates, and reports every
 row. The speed figures themselves are measured by hand (docs/benchmarks.md), never in tests."""
 
 import json
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 
 TINY_BUDGET = [
@@ -20,7 +19,7 @@ TINY_BUDGET = [
 def test_benchmark_reports_every_row(tmp_path, malloc):
     out = tmp_path / "bench.json"
     skip = ["--skip", "memory"] if malloc == "retain" else []
-    proc = run_cli([sys.executable, REPO / "scripts" / "benchmark_speed.py", *TINY_BUDGET, *skip,
+    proc = run_cli(["fairseq-rope-benchmark-speed", *TINY_BUDGET, *skip,
                     "--malloc", malloc, "--json-out", out])
     report = json.loads(out.read_text())
     results = report["results"]
@@ -42,7 +41,7 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
 
     # --pool: the pairs of several reports, row by row
     pooled_out = tmp_path / "pooled.json"
-    pooled = run_cli([sys.executable, REPO / "scripts" / "benchmark_speed.py", "--pool", out, out,
+    pooled = run_cli(["fairseq-rope-benchmark-speed", "--pool", out, out,
                       "--json-out", pooled_out])
     pooled_train = json.loads(pooled_out.read_text())["results"]["train_tiny"]
     assert pooled_train["runs"] == 2 and pooled_train["pairs"] == 4
@@ -53,13 +52,12 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
 def test_pool_rejects_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "notes.json"
     bad.write_text("[1, 2, 3]")
-    proc = run_cli([sys.executable, REPO / "scripts" / "benchmark_speed.py", "--pool", bad], check=False)
+    proc = run_cli(["fairseq-rope-benchmark-speed", "--pool", bad], check=False)
     assert proc.returncode != 0 and f"--pool {bad}: not a report written by --json-out" in proc.stderr
 
 
 def test_median_interval_brackets_the_median_and_narrows_with_more_pairs():
-    sys.path.insert(0, str(REPO / "scripts"))
-    from benchmark_speed import median_interval
+    from fairseq_rope_tools.research.paired_stats import median_interval
 
     assert median_interval([1.0, 0.9, 1.1, 1.0]) is None  # too few pairs to resample
     few = [0.90, 0.95, 1.00, 1.05, 1.10] * 2

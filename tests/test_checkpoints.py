@@ -11,11 +11,11 @@ import sys
 
 import pytest
 import torch
-
 from conftest import BIN, REPO, run_cli
-from fairseq_rope.atomic_files import remove_stale_temporaries, write_atomically
+
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
 from fairseq_rope.model_options import OptionError
+from fairseq_rope_tools.files import remove_stale_temporaries, write_atomically
 
 
 def train_args(data_bin, save_dir, max_update):
@@ -187,20 +187,21 @@ def test_a_killed_write_leaves_only_a_hidden_temporary_that_the_next_write_remov
     assert not other.exists()
 
 
-def test_scripts_write_through_the_same_code_without_importing_torch(tmp_path):
-    """scripts/common.py uses the plugin's atomic write, loaded from its file: the recipe's text
+def test_tools_write_through_the_same_code_without_importing_torch(tmp_path):
+    """The plugin's checkpoint writes and the tools share one atomic write: the recipe's text
     steps get it (and the removal of a killed write's leftovers) without fairseq or torch."""
+    import fairseq_rope.checkpoints
+
     script = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import common\n"
-        "print(common.write_atomically.__code__.co_filename)\n"
-        "common.write_text_atomically(sys.argv[2], 'text')\n"
+        "import sys; from fairseq_rope_tools import files\n"
+        "files.write_text_atomically(sys.argv[1], 'text')\n"
         "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n"
     )
     stale = tmp_path / ".out.txt.abc123.tmp"
     stale.write_text("partial")
-    proc = run_cli([sys.executable, "-c", script, REPO / "scripts", tmp_path / "out.txt"])
-    defined_in, imported = proc.stdout.splitlines()
-    assert defined_in == str(REPO / "fairseq_rope" / "atomic_files.py") and imported == "[]"
+    proc = run_cli([sys.executable, "-c", script, tmp_path / "out.txt"])
+    assert proc.stdout == "[]\n"
+    assert fairseq_rope.checkpoints.write_atomically is write_atomically
     assert (tmp_path / "out.txt").read_text() == "text" and not stale.exists()
 
 

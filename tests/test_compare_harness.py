@@ -1,10 +1,9 @@
-"""scripts/compare_position_encodings.py end to end on a tiny budget: length split, training
+"""fairseq-rope-compare end to end on a tiny budget: length split, training
 through the recipe's train.sh with live progress, checkpoint averaging, decoding (also with RoPE
 scaling overrides), scores with confidence intervals and paired bootstrap tests, table, plots,
-resume, --jobs, --prepared-dir; and the helpers it shares (scripts/common.py,
-scripts/significance.py)."""
+resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cli.py,
+fairseq_rope_tools/research/significance.py)."""
 
-import importlib.util
 import json
 import re
 import shlex
@@ -12,17 +11,13 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, run_cli
 
-SCRIPTS = REPO / "scripts"
-SCRIPT = SCRIPTS / "compare_position_encodings.py"
-sys.path.insert(0, str(SCRIPTS))
-spec = importlib.util.spec_from_file_location("compare_position_encodings", SCRIPT)
-harness = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(harness)
-import common  # noqa: E402
-import significance  # noqa: E402
+from fairseq_rope_tools import cli, training_log
+from fairseq_rope_tools.research import compare_data, significance
+from fairseq_rope_tools.research import compare_position_encodings as harness
+
+COMPARE = "fairseq-rope-compare"
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_RUN = ["--seeds", "1", "--max-update", "4", "--max-tokens", "600", "--average-last", "2",
@@ -39,7 +34,7 @@ def _scores(out, seed):
 
 def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     out = tmp_path / "compare"
-    args = [sys.executable, SCRIPT, "--raw-dir", tiny_data_bin, "--out-dir", out,
+    args = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out,
             "--variants", "rope", "sinusoidal", *TINY_RUN, "--length-split", "6",
             "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3", "dynamic-yarn",
             # single options as values, the documented way
@@ -147,7 +142,7 @@ def test_parse_train_log_and_concatenation():
     assert parsed["params"] == 1234 and parsed["tokens_per_second"] == 200
     assert parsed["valid_curve"] == [[2, 7.5, 7.0], [4, 6.5, 6.0]] and parsed["valid_loss"] == 6.5
     rows = [("a", "A"), ("b", "B"), ("c", "C"), ("d", "D"), ("e", "E")]
-    assert harness.concatenated(rows, 2) == [("a b", "A B"), ("c d", "C D")]
+    assert compare_data.concatenated(rows, 2) == [("a b", "A B"), ("c d", "C D")]
 
 
 def test_parse_train_log_simple_format():
@@ -163,10 +158,10 @@ def test_parse_train_log_simple_format():
         "2026-01-01 | INFO | valid | epoch 001 | valid on 'test' subset | loss 1.5 | nll_loss 1.2 | num_updates 50",
         "2026-01-01 | INFO | train | epoch 001 | loss 8.5 | nll_loss 8.3 | wps 900 | num_updates 164 | train_wall 200",
     ]
-    assert common.parse_train_line(log[1]) == ("train_inner", pytest.approx(
+    assert training_log.parse_train_line(log[1]) == ("train_inner", pytest.approx(
         {"loss": 9.648, "nll_loss": 9.529, "ppl": 738.7, "wps": 1352.7, "ups": 0.37, "wpb": 3658.2, "bsz": 236.2,
          "num_updates": 25, "lr": 0.000333417, "gnorm": 4.524, "train_wall": 67, "wall": 70}))
-    parsed = common.parse_train_log(log)
+    parsed = training_log.parse_train_log(log)
     assert parsed["params"] == 9876 and parsed["tokens_per_second"] == pytest.approx(1176.5)
     assert parsed["train_curve"] == [[25, 9.648], [50, 7.984]]
     assert parsed["valid_curve"] == [[50, 7.5, 7.25]] and parsed["valid_nll_loss"] == 7.25
@@ -236,10 +231,10 @@ def test_run_logged_streams_while_the_command_runs(tmp_path):
             flag.touch()
         seen.append(line)
 
-    common.run_logged([sys.executable, child], log, on_line=on_line)
+    cli.run_logged([sys.executable, child], log, on_line=on_line)
     assert seen == ["update 1", "update 2"] and log.read_text().splitlines()[1:] == seen
-    with pytest.raises(common.CommandFailed, match=r"exited with status 3.*\n.*boom.*\nfull log: .*child.log"):
-        common.run_logged([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log)
+    with pytest.raises(cli.CommandFailed, match=r"exited with status 3.*\n.*boom.*\nfull log: .*child.log"):
+        cli.run_logged([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log)
 
 
 def test_terminate_running_stops_commands_of_other_threads(tmp_path):
@@ -250,15 +245,15 @@ def test_terminate_running_stops_commands_of_other_threads(tmp_path):
 
     def run():
         try:
-            common.run_logged([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(120)"],
+            cli.run_logged([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(120)"],
                               tmp_path / "sleep.log", on_line=lambda line: started.set())
-        except common.CommandFailed as e:
+        except cli.CommandFailed as e:
             errors.append(e)
 
     thread = threading.Thread(target=run)
     thread.start()
     assert started.wait(60)
-    common.terminate_running()
+    cli.terminate_running()
     thread.join(30)
     assert not thread.is_alive() and "exited with status -15" in str(errors[0])
 
@@ -295,7 +290,7 @@ def test_paired_bootstrap_tells_a_real_difference(tmp_path):
 
 def test_plot_rope_decay_redraws_fig2(tmp_path):
     png, csv = tmp_path / "decay.png", tmp_path / "decay.csv"
-    run_cli([sys.executable, REPO / "scripts" / "plot_rope_decay.py", "--out", png, "--csv", csv,
+    run_cli(["fairseq-rope-plot-decay", "--out", png, "--csv", csv,
              "--dim", "128", "--max-distance", "256"])
     assert png.read_bytes()[:8] == PNG
     rows = [line.split(",") for line in csv.read_text().splitlines()[1:]]
@@ -310,7 +305,7 @@ def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
     the translations of others); a side with another number of lines or invalid UTF-8 is refused."""
     (tmp_path / "train.en").write_bytes("a b\rc\nd e\nf\n".encode())
     (tmp_path / "train.de").write_bytes("A B C\nD\u2028E\nF\n".encode())
-    assert harness.read_pairs(tmp_path, "train", "en", "de") == [
+    assert compare_data.read_pairs(tmp_path, "train", "en", "de") == [
         (["a", "b", "c"], ["A", "B", "C"]), (["d", "e"], ["D", "E"]), (["f"], ["F"])]
     (tmp_path / "valid.en").write_text("a\nb\n")
     (tmp_path / "valid.de").write_text("A\n")
@@ -325,10 +320,10 @@ def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
 
 @pytest.fixture(scope="module")
 def prepared_quickstart(tmp_path_factory):
-    """A small quickstart corpus (scripts/generate_corpus.py) prepared by prepare.sh as
+    """A small quickstart corpus (fairseq-rope-generate-corpus) prepared by prepare.sh as
     scripts/quickstart.sh prepares it; returns (work dir, prepare.sh's log)."""
     root = tmp_path_factory.mktemp("quickstart")
-    run_cli([sys.executable, SCRIPTS / "generate_corpus.py", "--out-dir", root / "corpus",
+    run_cli(["fairseq-rope-generate-corpus", "--out-dir", root / "corpus",
              "--train-size", "400", "--valid-size", "30", "--test-size", "30"])
     proc = run_cli(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", root / "prep",
                     *(a for split in ("train", "valid", "test") for a in (f"--{split}-prefix", root / "corpus" / split)),
@@ -339,11 +334,11 @@ def prepared_quickstart(tmp_path_factory):
 
 def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickstart, tmp_path):
     """--prepared-dir trains on prepare.sh's BPE text and scores against its tok/ and raw/
-    references exactly as scripts/score_bleu.py does; two runs at a time give the numbers of
+    references exactly as fairseq-rope-score does; two runs at a time give the numbers of
     one at a time."""
     work, prepare_log = prepared_quickstart
     assert re.search(r"vocabulary threshold (0|50) \(auto: \d+ training words for 300 merges", prepare_log)
-    args = [sys.executable, SCRIPT, "--prepared-dir", work, "--variants", "sinusoidal", *TINY_RUN]
+    args = [COMPARE, "--prepared-dir", work, "--variants", "sinusoidal", *TINY_RUN]
     run_cli([*args, "--out-dir", tmp_path / "parallel", "--jobs", "2", "--seeds", "1", "2"], timeout=400)  # last --seeds wins
     run_cli([*args, "--out-dir", tmp_path / "sequential", "--jobs", "1", "--seeds", "2"], timeout=400)
     parallel = _scores(tmp_path / "parallel", 2)
@@ -352,7 +347,7 @@ def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickst
     run_dir = tmp_path / "parallel" / "runs" / "sinusoidal" / "seed2"
     assert f"{work / 'data-bin'} " in (run_dir / "generate.log").read_text().splitlines()[0]
     score_bleu = harness.score_bleu
-    expected = score_bleu.main(["--hyp", str(run_dir / "hyp.tok.txt"), "--ref", str(work / "tok" / "test.de"),
+    expected = score_bleu.run(["--hyp", str(run_dir / "hyp.tok.txt"), "--ref", str(work / "tok" / "test.de"),
                                 "--raw-ref", str(work / "raw" / "test.de")])
     result = json.loads((run_dir / "result.json").read_text())["decodes"][""]
     assert result["bleu"]["test"] == expected["tokenized_bleu_compound_split"]["score"]
@@ -391,7 +386,7 @@ def test_length_split_of_a_prepared_corpus(prepared_quickstart, tmp_path):
 
 
 def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
-    proc = run_cli([sys.executable, SCRIPT, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path, "--variants", "sinusoidal",
+    proc = run_cli([COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path, "--variants", "sinusoidal",
                     *TINY_RUN, "--train-args", "--no-such-option"], check=False, timeout=300)
     log = tmp_path / "runs" / "sinusoidal" / "seed1" / "train.log"
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
@@ -401,7 +396,7 @@ def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
 
 
 def test_a_failing_decode_keeps_the_trained_model(tiny_data_bin, tmp_path):
-    args = [sys.executable, SCRIPT, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path,
+    args = [COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path,
             "--variants", "sinusoidal", *TINY_RUN]
     proc = run_cli([*args, "--generate-args", "--no-such-option"], check=False, timeout=300)
     assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stderr

@@ -13,15 +13,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
-from test_gettext_corpus import gettext_corpus, write_mo
 from test_generate_corpus import gc
+from test_gettext_corpus import gettext_corpus, write_mo
 from test_wmt14_prepare import PREPARE, _prepare, _prepare_byo, tt, wmt14_archives  # noqa: F401
 
-sys.path.insert(0, str(REPO / "scripts"))
-import common  # noqa: E402  (the scripts' common.py, which both corpus tools use)
-import compare_position_encodings as harness  # noqa: E402
+from fairseq_rope_tools import files
+from fairseq_rope_tools.research import compare_position_encodings as harness
 
 MESSAGES = {f"message number {i} here": f"Nachricht Nummer {i} hier" for i in range(40)}
 
@@ -86,7 +84,7 @@ def test_generate_corpus_rerun_failing_between_files_keeps_the_old_corpus(tmp_pa
 @pytest.mark.parametrize("can_exchange", [True, False])
 def test_replace_directory_swaps_whole_and_carries_the_cache(tmp_path, monkeypatch, can_exchange):
     if not can_exchange:  # systems without renameat2(RENAME_EXCHANGE): renamed aside, then in
-        monkeypatch.setattr(common, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
     out = tmp_path / "out"
     (out / "debs").mkdir(parents=True)
     (out / "debs" / "a.deb").write_bytes(b"deb")
@@ -97,7 +95,7 @@ def test_replace_directory_swaps_whole_and_carries_the_cache(tmp_path, monkeypat
         (Path(directory) / "train.en").write_text("new\n")
         (Path(directory) / "train.de").write_text("neu\n")
 
-    common.replace_directory(out, write_new, carry=["debs"])
+    files.replace_directory(out, write_new, carry=["debs"])
     assert (out / "train.en").read_text() == "new\n" and (out / "train.de").read_text() == "neu\n"
     assert (out / "debs" / "a.deb").read_bytes() == b"deb"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
@@ -107,7 +105,7 @@ def test_replace_directory_swaps_whole_and_carries_the_cache(tmp_path, monkeypat
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        common.replace_directory(out, fail, carry=["debs"])
+        files.replace_directory(out, fail, carry=["debs"])
     assert (out / "train.en").read_text() == "new\n" and (out / "debs" / "a.deb").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 

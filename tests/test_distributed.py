@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import torch
-
 from conftest import REPO
 
 HERE = REPO / "tests"

@@ -7,8 +7,8 @@ batch; a long sentence gets the same output alone and in a mixed batch; incremen
 
 import pytest
 import torch
-
 from conftest import build_model
+
 from fairseq_rope.model_options import OptionError
 from fairseq_rope.modules.rotary import dynamic_factors
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding

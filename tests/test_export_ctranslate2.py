@@ -1,24 +1,21 @@
-"""scripts/export_ctranslate2.py: the exported directory is a plain CTranslate2 model that
+"""fairseq-rope-export: the exported directory is a plain CTranslate2 model that
 translates like fairseq-generate (RoPE in both layouts with partial rotation, linear scaling,
 the sinusoidal baseline); a wrong rotary setting breaks that; unsupported models are refused
 before anything is written."""
 
-import importlib.util
 import json
 import re
 import sys
 
 import pytest
-
 from conftest import REPO, build_model, run_cli
+
+from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-spec = importlib.util.spec_from_file_location("export_ctranslate2", REPO / "scripts" / "export_ctranslate2.py")
-exporter = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(exporter)
 
-EXPORT = REPO / "scripts" / "export_ctranslate2.py"
+EXPORT = "fairseq-rope-export"
 
 MODELS = {  # name -> training flags (reversal needs positions: a wrong rotation shows)
     "rope": ["--arch", "transformer_rope_tiny"],
@@ -78,7 +75,7 @@ def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name
     data_bin, checkpoints = trained
     out = tmp_path / "ct2"
     if name == "rope":  # the command line once; the other models in-process (a second faster)
-        run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints[name], "--data-bin", data_bin, "--output-dir", out])
+        run_cli([EXPORT, "--checkpoint", checkpoints[name], "--data-bin", data_bin, "--output-dir", out])
     else:
         exporter.export(str(checkpoints[name]), str(data_bin), str(out))
     info = json.loads((out / exporter.EXPORT_INFO).read_text())
@@ -93,7 +90,7 @@ def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name
 def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp_path):
     data_bin, checkpoints = trained
     out = tmp_path / "ct2_linear"
-    run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin, "--output-dir", out,
+    run_cli([EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin, "--output-dir", out,
              "--rope-scaling", "linear", "--rope-scaling-factor", "2"])
     override = ["--model-overrides", "{'rope_scaling': 'linear', 'rope_scaling_factor': 2.0}"]
     same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints["rope"], out, 1, *override)
@@ -115,7 +112,7 @@ def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkey
 
 def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     """int8 changes the numbers, so only the model's competence is checked here; its BLEU on a
-    real test set is measured by scripts/benchmark_ctranslate2.py."""
+    real test set is measured by fairseq-rope-benchmark-ct2."""
     data_bin, checkpoints = trained
     exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "float32"))
     int8 = exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "int8"), quantization="int8")
@@ -148,22 +145,22 @@ def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
 def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
     data_bin, checkpoints = trained
     out = tmp_path / "refused"
-    proc = run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
+    proc = run_cli([EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
                     "--output-dir", out, "--rope-scaling", "yarn", "--rope-scaling-factor", "2",
                     "--rope-scaling-original-length", "20"], check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("export_ctranslate2.py: error: --rope-scaling yarn")
+    assert proc.stderr.strip().splitlines()[-1].startswith("fairseq-rope-export: error: --rope-scaling yarn")
     assert list(tmp_path.iterdir()) == []
     # an existing output is kept unless --force
     out.mkdir()
-    proc = run_cli([sys.executable, EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
+    proc = run_cli([EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
                     "--output-dir", out], check=False)
     assert proc.returncode == 2 and "pass --force" in proc.stderr and list(out.iterdir()) == []
 
 
 def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
     data_bin, checkpoints = trained
-    run_cli([sys.executable, REPO / "scripts" / "benchmark_ctranslate2.py", "--checkpoint", checkpoints["rope"],
+    run_cli(["fairseq-rope-benchmark-ct2", "--checkpoint", checkpoints["rope"],
              "--data-bin", data_bin, "--out-dir", tmp_path, "--threads", "1", "--reps", "1"])
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(r["engine"], r["compute_type"], r["backend"]) for r in rows] == [

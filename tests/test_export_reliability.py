@@ -1,4 +1,4 @@
-"""scripts/export_ctranslate2.py loses nothing and never passes a stale model for the current one:
+"""fairseq-rope-export loses nothing and never passes a stale model for the current one:
 --force replaces only an earlier export (never the save dir or the data-bin, also through
 evaluate.sh); export_info.json hashes the bytes that were converted; a bad checkpoint, data-bin or
 output is one line with nothing left behind; a killed export's workspace is removed next time."""
@@ -11,14 +11,13 @@ import os
 import shutil
 
 import pytest
-
 from conftest import REPO, run_cli
 
 pytest.importorskip("ctranslate2")
 from test_export_ctranslate2 import exporter  # noqa: E402  (the script, loaded as a module)
 
 EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
-ERROR = "export_ctranslate2.py: error: "
+ERROR = "fairseq-rope-export: error: "
 
 
 @pytest.fixture(scope="module")

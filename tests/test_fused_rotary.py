@@ -7,9 +7,9 @@ test_fused_rotary_models.py; test_fused_rotary_compile.py compiles it for sm_80 
 
 import pytest
 import torch
+from conftest import rotate, table_cos_sin
 
 from fairseq_rope.modules import fused_rotary
-from conftest import rotate, table_cos_sin
 from fairseq_rope.modules.fused_rotary import fused_available, fused_rotate
 from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding

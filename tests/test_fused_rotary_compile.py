@@ -46,8 +46,9 @@ def architecture_launch_heads():
     """One head count per distinct BLOCK_H among the launches of every transformer_rope
     architecture: h heads (a query or key of cross-attention, linear attention's pair), 2h (q and
     k of the fused q/k/v projection) and 3h (q, k and v with --rope-values)."""
-    import fairseq_rope  # noqa: F401  (registers the architectures)
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_INV_REGISTRY
+
+    import fairseq_rope  # noqa: F401  (registers the architectures)
 
     by_block = {}
     for arch in ARCH_MODEL_INV_REGISTRY["transformer_rope"]:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fairseq_rope.modules.rotary import LAYOUTS
+from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 from fairseq_rope.modules.rotation_reference import kernel_error, time_first_rows
 from fairseq_rope.modules.rotation_reference import rotation_from_definition as rotation_reference
-from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -124,6 +124,7 @@ def test_empty_inputs_give_empty_outputs_and_gradients(kernel_launches, shape, f
 def test_rotate_sends_cpu_tensors_to_the_kernel(kernel_launches):
     """Under the interpreter the model's rotation goes through the kernel, forward and backward."""
     from conftest import rotate
+
     from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
 
     attn = RotaryMultiheadAttention(32, 4, self_attention=True)

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-
 from conftest import build_model
-from fairseq_rope.modules import rotary_embedding
 from test_dynamic_scaling import batch as sources_of_lengths
 from test_rotary_attention import random_batch
+
+from fairseq_rope.modules import rotary_embedding
 
 HEADS, HEAD_DIM = 2, 32  # transformer_rope_tiny
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,6 +1,5 @@
-"""scripts/generate_corpus.py: deterministic for a seed, and it produces the documented phenomena."""
+"""fairseq-rope-generate-corpus: deterministic for a seed, and it produces the documented phenomena."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -8,12 +7,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "generate_corpus.py"
+from fairseq_rope_tools.data import generate_corpus as gc
 
-spec = importlib.util.spec_from_file_location("generate_corpus", SCRIPT)
-gc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gc)
+REPO = Path(__file__).resolve().parents[1]
+
 
 FINITE_DE = (
     {v[3] for v in gc.VERBS} | {v[4] for v in gc.VERBS} | {"hat", "haben"}
@@ -27,7 +24,7 @@ def pairs():
 
 
 def _run(out_dir, seed):
-    subprocess.run([sys.executable, str(SCRIPT), "--out-dir", str(out_dir), "--seed", str(seed),
+    subprocess.run([sys.executable, "-m", gc.__name__, "--out-dir", str(out_dir), "--seed", str(seed),
                     "--train-size", "300", "--valid-size", "20", "--test-size", "20"],
                    check=True, capture_output=True)
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}

@@ -1,8 +1,7 @@
-"""scripts/gettext_corpus.py: a parallel corpus from compiled gettext catalogs (.mo files, or the
+"""fairseq-rope-gettext-corpus: a parallel corpus from compiled gettext catalogs (.mo files, or the
 Debian packages that ship them)."""
 
 import array
-import importlib.util
 import shutil
 import struct
 import subprocess
@@ -11,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gettext_corpus.py"
-spec = importlib.util.spec_from_file_location("gettext_corpus", SCRIPT)
-gettext_corpus = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gettext_corpus)
+from fairseq_rope_tools.data import gettext_corpus
 
 HEADER = "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=2; plural=(n != 1);\n"
 
@@ -115,7 +111,7 @@ def test_reads_the_target_language_catalogs_of_a_debian_package(tmp_path):
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", gettext_corpus.__name__, *args], capture_output=True, text=True)
 
 
 def test_bad_input_is_named(tmp_path):

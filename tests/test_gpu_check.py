@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py, the one command for a CUDA machine, run here in its --tiny mode: every step
+"""fairseq-rope-gpu-check, the one command for a CUDA machine, run here in its --tiny mode: every step
 on the CPU with tiny sizes (the kernel under Triton's interpreter, fp32 training of both models on
 the reversal corpus, generation, CTranslate2 float32 and int8). Checks the report's structure and
 verdicts, and that without CUDA the command says so in one line. About 29 s on 2 idle cores (70 s
@@ -10,17 +10,16 @@ import math
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
+
+from fairseq_rope.modules.rotation_reference import ulps_off
+from fairseq_rope_tools.research import gpu_check
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-GPU_CHECK = REPO / "scripts" / "gpu_check.py"
-sys.path.insert(0, str(REPO / "scripts"))
-import gpu_check  # noqa: E402
-from fairseq_rope.modules.rotation_reference import ulps_off  # noqa: E402
+GPU_CHECK = "fairseq-rope-gpu-check"
 
 SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwidth", "ctranslate2")
 
@@ -28,7 +27,7 @@ SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwid
 @pytest.fixture(scope="module")
 def tiny_report(tiny_data_bin, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = run_cli([sys.executable, GPU_CHECK, "--tiny", "--out-dir", out, "--data-bin", tiny_data_bin / "data-bin",
+    proc = run_cli([GPU_CHECK, "--tiny", "--out-dir", out, "--data-bin", tiny_data_bin / "data-bin",
                     "--threads", "1"], check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out, tiny_data_bin

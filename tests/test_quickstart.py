@@ -51,11 +51,8 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
 
 
 def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
-    import importlib.util
+    from fairseq_rope_tools.research import plot_losses
 
-    spec = importlib.util.spec_from_file_location("plot_losses", REPO / "scripts" / "plot_losses.py")
-    plot_losses = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_losses)
     log = tmp_path / "train.log"
     log.write_text(
         "2026-01-01 | INFO | train_inner | epoch 001:     10 / 163 loss=10.142, nll_loss=10.113, ppl=1107.59, "

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import build_model, run_cli
+
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
 from fairseq_rope.modules.rotary import SCALINGS, inverse_frequencies, rope_frequencies, rotation_angles
 

@@ -4,17 +4,17 @@ import math
 
 import pytest
 import torch
+from conftest import table_cos_sin
 
 from fairseq_rope.modules.rotary import (
     apply_rotary,
     apply_rotary_,
-    inverse_frequencies,
     interleaved_to_half_permutation,
+    inverse_frequencies,
     positions_from_padding_mask,
     rotary_dim_for,
     rotation_angles,
 )
-from conftest import table_cos_sin
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 
 LAYOUTS = ["interleaved", "half"]

@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import build_model, rotate, table_cos_sin
+
 from fairseq_rope.modules import RotaryMultiheadAttention
 from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary, interleaved_to_half_permutation
 from fairseq_rope.modules.rotary_embedding import RotateInPlace

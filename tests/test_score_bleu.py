@@ -1,6 +1,5 @@
-"""scripts/score_bleu.py: compound-split tokenized BLEU and sacreBLEU on hand-checked files."""
+"""fairseq-rope-score: compound-split tokenized BLEU and sacreBLEU on hand-checked files."""
 
-import importlib.util
 import json
 import math
 import sys
@@ -8,17 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_rope_tools.checkpoints import score_bleu
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-score_bleu = _load("score_bleu")
 
 
 def _write(path, lines):
@@ -69,7 +62,7 @@ def test_cli_both_scores_and_files(tmp_path, capsys):
     raw = _write(tmp_path / "ref.de", ["Das ist ein gut-bekannter Test, oder?", "Der Hund sieht die Katze."])
     out_json = tmp_path / "scores.json"
     detok = tmp_path / "hyp.detok.de"
-    score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "de",
+    score_bleu.run(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "de",
                      "--out-json", str(out_json), "--detok-out", str(detok)])
     printed = capsys.readouterr().out
     assert "Tokenized BLEU (compound split): 100.00" in printed
@@ -90,7 +83,7 @@ def test_cli_sacrebleu_by_hand(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp", ["the cat sat on mat ."])
     ref = _write(tmp_path / "ref", ["the cat sat on the mat ."])
     raw = _write(tmp_path / "raw", ["the cat sat on the mat."])
-    result = score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "en"])
+    result = score_bleu.run(["--hyp", str(hyp), "--ref", str(ref), "--raw-ref", str(raw), "--lang", "en"])
     # 6 hypothesis tokens, 7 reference tokens. 2-grams: "on mat" is the only miss (4/5); 3-grams:
     # "the cat sat", "cat sat on" match, "sat on mat", "on mat ." do not (2/4); 4-grams: only
     # "the cat sat on" (1/3). Smoothing does not matter: no precision is zero.
@@ -105,13 +98,13 @@ def test_cli_sacrebleu_by_hand(tmp_path, capsys):
 
 
 def test_score_all_is_what_the_cli_computes(tmp_path):
-    """The importable scoring (used by scripts/compare_position_encodings.py) and the CLI agree."""
+    """The importable scoring (used by fairseq-rope-compare) and the CLI agree."""
     hyps = ["Der Hund sieht die Katze .", "Das ist ein gut @-@ bekannter Test ."]
     refs = ["Der Hund sieht eine Katze .", "Das ist ein gut @-@ bekannter Test ."]
     raw = ["Der Hund sieht eine Katze.", "Das ist ein gut-bekannter Test."]
     scores, detok = score_bleu.score_all(hyps, refs, raw, "de")
     assert detok == ["Der Hund sieht die Katze.", "Das ist ein gut-bekannter Test."]
-    cli = score_bleu.main(["--hyp", str(_write(tmp_path / "h", hyps)), "--ref", str(_write(tmp_path / "r", refs)),
+    cli = score_bleu.run(["--hyp", str(_write(tmp_path / "h", hyps)), "--ref", str(_write(tmp_path / "r", refs)),
                            "--raw-ref", str(_write(tmp_path / "raw", raw)), "--lang", "de"])
     assert scores == cli and 0 < scores["chrf++"]["score"] < 100
     assert score_bleu.score_all(hyps, refs)[0] == {"tokenized_bleu_compound_split": cli["tokenized_bleu_compound_split"]}
@@ -120,7 +113,7 @@ def test_score_all_is_what_the_cli_computes(tmp_path):
 def test_cli_tokenize_option(tmp_path):
     hyp = _write(tmp_path / "hyp", ["Ein gut-bekannter Test, oder?"])
     ref = _write(tmp_path / "ref", ["Ein gut-bekannter Test, oder?"])
-    result = score_bleu.main(["--hyp", str(hyp), "--ref", str(ref), "--tokenize", "--lang", "de"])
+    result = score_bleu.run(["--hyp", str(hyp), "--ref", str(ref), "--tokenize", "--lang", "de"])
     assert result["tokenized_bleu_compound_split"]["score"] == 100.0
     # tokenized with -a: Ein gut @ ##AT##-##AT## @ bekannter Test , oder ?
     assert result["tokenized_bleu_compound_split"]["sys_len"] == 10
@@ -130,14 +123,14 @@ def test_cli_refuses_files_of_different_length(tmp_path):
     hyp = _write(tmp_path / "hyp", ["a b", "c d"])
     ref = _write(tmp_path / "ref", ["a b"])
     with pytest.raises(SystemExit) as e:
-        score_bleu.main(["--hyp", str(hyp), "--ref", str(ref)])
+        score_bleu.run(["--hyp", str(hyp), "--ref", str(ref)])
     assert "2 lines" in str(e.value) and "ref" in str(e.value)
 
 
 def _run(*args):
     from conftest import run_cli
 
-    return run_cli([sys.executable, REPO / "scripts" / "score_bleu.py", *args], check=False, timeout=120)
+    return run_cli(["fairseq-rope-score", *args], check=False, timeout=120)
 
 
 def _one_line_error(proc, *needles):

@@ -1,35 +1,25 @@
-"""scripts/translate.py and evaluate.sh ENGINE=ctranslate2 on a tiny model trained through the
+"""fairseq-rope-translate and evaluate.sh ENGINE=ctranslate2 on a tiny model trained through the
 recipe (prepare.sh on a generated corpus, RoPE): raw text in, the recipe's tokenisation and BPE,
 the same hypotheses from CTranslate2, fairseq's hub interface and fairseq-generate; CRLF, in-line
 \\r and invalid UTF-8 handled or refused by name; the same BLEU from both engines in evaluate.sh,
 and a rerun that does not export again."""
 
-import importlib.util
 import json
 import shutil
 import sys
 
 import pytest
+from conftest import BIN, REPO, run_cli
 
-from conftest import REPO, run_cli
+from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.deploy import translate as translate_py
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-TRANSLATE = REPO / "scripts" / "translate.py"
+TRANSLATE = "fairseq-rope-translate"
 PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
 EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
-EXPORT = REPO / "scripts" / "export_ctranslate2.py"
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load("generate_corpus", REPO / "scripts" / "generate_corpus.py")
-translate_py = _load("translate", TRANSLATE)
+EXPORT = "fairseq-rope-export"
 
 
 def _lines(path):
@@ -81,7 +71,7 @@ def evaluated(model):
 
 
 def _translate(*args, check=True, stdin=None):
-    cmd = [sys.executable, TRANSLATE, *map(str, args)]
+    cmd = [str(BIN / TRANSLATE), *map(str, args)]
     if stdin is None:
         return run_cli(cmd, check=check)
     import os
@@ -164,7 +154,7 @@ def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
     proc = _translate(bad, "--work-dir", work, "--model-dir", ct2, "-o", out, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"translate.py: error: {bad}: line 2: invalid UTF-8 (byte 0xe9 at byte 8 of the line); fix the file, "
+        f"fairseq-rope-translate: error: {bad}: line 2: invalid UTF-8 (byte 0xe9 at byte 8 of the line); fix the file, "
         "or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD")
     assert list(out.parent.iterdir()) == []  # nothing written, no temporary file left
     proc = _translate("--work-dir", work, "--model-dir", ct2, stdin=bad.read_bytes())
@@ -205,7 +195,7 @@ def test_setup_errors_name_the_flag_or_file(model, tmp_path):
         proc = _translate(*args, check=False)
         assert proc.returncode == 2, (args, proc.stderr)
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("translate.py: error: ") and message in lines[0], (args, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith("fairseq-rope-translate: error: ") and message in lines[0], (args, proc.stderr)
 
 
 # --- (c) evaluate.sh ENGINE=ctranslate2 --------------------------------------------------------

@@ -1,4 +1,4 @@
-"""scripts/translate.py refuses what would fail late or translate wrongly, in one line, before
+"""fairseq-rope-translate refuses what would fail late or translate wrongly, in one line, before
 decoding: a source longer than the model's positions with either engine, a CTranslate2 model
 exported with a dictionary in another order, unreadable model and BPE files, a data-bin of
 another model, swapped languages, and output paths that cannot be written or collide; a
@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
 from test_export_ctranslate2 import exporter
 from test_translate import translate_py
@@ -218,7 +217,7 @@ def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
 
 
 def test_writing_through_a_symlink_replaces_its_target(tmp_path):
-    from fairseq_rope.atomic_files import write_atomically
+    from fairseq_rope_tools.files import write_atomically
 
     (tmp_path / "target").write_text("old")
     (tmp_path / "link").symlink_to("target")  # relative, as ln -s makes it
@@ -253,8 +252,8 @@ def test_the_ctranslate2_path_imports_neither_torch_nor_fairseq(tiny, tmp_path):
     data_bin, _, ct2, _ = tiny
     args = [str(a) for a in [_source(tmp_path, 3), "-o", tmp_path / "out.de", "--quiet", "--threads", "1",
                              *_bpe_args(data_bin, "--model-dir", ct2)]]
-    code = ("import runpy, sys\nsys.argv = ['translate.py', *sys.argv[1:]]\n"
-            f"runpy.run_path({str(translate_py.__file__)!r}, run_name='__main__')\n"
+    code = ("import runpy, sys\nsys.argv = ['fairseq-rope-translate', *sys.argv[1:]]\n"
+            f"runpy.run_module({translate_py.__name__!r}, run_name='__main__')\n"
             "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "[]\n", proc.stderr

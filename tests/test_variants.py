@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import build_model
+
 from fairseq_rope.modules import (
     LinearRotaryAttention,
     RelativePositionMultiheadAttention,

@@ -9,16 +9,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
 
+from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.data import text_tools as tt
+
 PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
-
-import importlib.util  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("generate_corpus", REPO / "scripts" / "generate_corpus.py")
-gc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gc)
 
 N_EUROPARL, N_CC, N_NC, N_DEV, N_TEST = 120, 80, 60, 30, 25
 # training pairs the cleaning step must drop: one side too long, length ratio above 1.5
@@ -197,10 +193,6 @@ def test_bring_your_own_corpus_with_sentencepiece(tmp_path):
 
 
 # --- bad input: line breaks inside lines, invalid UTF-8, stale outputs, argument errors -------
-
-_tt_spec = importlib.util.spec_from_file_location("text_tools", REPO / "examples" / "wmt14_en_de" / "text_tools.py")
-tt = importlib.util.module_from_spec(_tt_spec)
-_tt_spec.loader.exec_module(tt)
 
 # (split, language, 0-based line): a character that some tool takes for a line break, put in
 # place of a space in the middle of that line; \r on both sides (on different lines) is the case

@@ -33,5 +33,5 @@ if [[ -f "$OUTPUT" ]]; then
 fi
 ARGS=(--inputs "$SAVE_DIR" "$FLAG" "$NUM" --output "$OUTPUT")
 [[ -z "$UPPER_BOUND" ]] || ARGS+=(--checkpoint-upper-bound "$UPPER_BOUND")
-python "$ROOT/scripts/average_checkpoints.py" "${ARGS[@]}"
+fairseq-rope-average "${ARGS[@]}"
 log "averaged the last $NUM $KIND checkpoints of $SAVE_DIR into $OUTPUT"

@@ -1,10 +1,31 @@
 # What the recipe's scripts share. Sourced, never run: first thing after `set -euo pipefail`, with
 # the name that prefixes the script's messages,
 #   source "$(dirname "${BASH_SOURCE[0]}")/common.sh" NAME
-# It sets HERE (this directory); ROOT, log, die and usage (scripts/common.sh); and the defaults
-# every step agrees on, each an environment variable with the default shown below.
+# It sets
+#   HERE    this directory
+#   ROOT    the checkout, where work/ goes by default (the current directory for the copy of the
+#           recipe installed with the tools, which run it with every path given)
+#   log     "[NAME] MESSAGE" on stderr
+#   die     "[NAME] error: MESSAGE" on stderr, then exit 1
+#   usage   the script's header comment: its lines after the #! line, up to the first that is
+#           not a comment
+#   dash_safe VAR...  make each named variable's path ./-x if it is -x, so that no command
+#           (mkdir, cd, cp, ...) takes a path that starts with "-" for one of its options
+#   plugin_dir  prints the installed fairseq_rope's directory, for fairseq's --user-dir
+# and the defaults every step agrees on, each an environment variable with the default shown below.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-source "$HERE/../../scripts/common.sh" "$1"
+ROOT="$(cd "$HERE/../.." && pwd)"
+[[ -d "$ROOT/examples" ]] || ROOT="$PWD"
+MESSAGE_NAME="$1"
+
+log() { printf '[%s] %s\n' "$MESSAGE_NAME" "$*" >&2; }
+die() { printf '[%s] error: %s\n' "$MESSAGE_NAME" "$*" >&2; exit 1; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+dash_safe() { local var; for var in "$@"; do [[ "${!var}" != -* ]] || printf -v "$var" './%s' "${!var}"; done; }
+plugin_dir() {
+    python -c 'import importlib.util; print(importlib.util.find_spec("fairseq_rope").submodule_search_locations[0])' \
+        || die "this python cannot find fairseq_rope: run 'make setup'"
+}
 
 WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"
 dash_safe WORK_DIR

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Translate the test set with a checkpoint and score it.
 #   ENGINE=fairseq (default): fairseq-generate --beam 4 --lenpen 0.6 --remove-bpe (Vaswani et al.'s decoding)
-#   ENGINE=ctranslate2: export the checkpoint to CTranslate2 (scripts/export_ctranslate2.py, into
+#   ENGINE=ctranslate2: export the checkpoint to CTranslate2 (fairseq-rope-export, into
 #     CT2_DIR; skipped when CT2_DIR was exported from this same checkpoint: size and sha256 in its
 #     export_info.json; CT2_DIR is replaced only if it holds an earlier export: any other directory,
 #     e.g. SAVE_DIR, is refused and left as it is) and decode the BPE'd test source
-#     WORK_DIR/bpe/SUBSET.SRC with scripts/translate.py: the same beam, length penalty and
+#     WORK_DIR/bpe/SUBSET.SRC with fairseq-rope-translate: the same beam, length penalty and
 #     200-token limit, BPE removed the same way
 #   -> tokenized BLEU with compound splitting (the convention behind the paper's 27.3 / 27.5)
 #   -> sacreBLEU on detokenized output, with its signature
@@ -96,7 +96,7 @@ if [[ "$ENGINE" == fairseq ]]; then
     THREAD_ENV=()
     [[ -z "$THREADS" ]] || THREAD_ENV=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS")
     "${THREAD_ENV[@]}" fairseq-generate "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$SUBSET" \
-        --path "$CHECKPOINT" --user-dir "$ROOT/fairseq_rope" \
+        --path "$CHECKPOINT" --user-dir "$(plugin_dir)" \
         --beam "$BEAM" --lenpen "$LENPEN" "${REMOVE_BPE[@]}" \
         --max-tokens "$MAX_TOKENS" --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${DEVICE_ARGS[@]}" \
         > "$OUT_DIR/generate.out.tmp" 2> "$OUT_DIR/generate.log" \
@@ -119,7 +119,7 @@ else
 
     # 1. export, unless CT2_DIR already holds this very checkpoint (size, sha256) at this quantization.
     # --force replaces an earlier export only; the exporter's one-line refusal is the message
-    python "$ROOT/scripts/export_ctranslate2.py" --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
+    fairseq-rope-export --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
         --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" --if-changed --force > "$OUT_DIR/export.log" 2>&1 \
         || { refusal="$(sed -n 's/^export_ctranslate2\.py: error: //p' "$OUT_DIR/export.log" | tail -n 1)"
              [[ -z "$refusal" ]] || die "export to CTranslate2 refused (CT2_DIR is its --output-dir): $refusal"
@@ -134,7 +134,7 @@ else
         if [[ -z "$COMPUTE_TYPE" && "$FP16" != 0 ]]; then COMPUTE_TYPE=float16; fi
     fi
     log "translating $SUBSET with $CT2_DIR (ctranslate2 on $DEVICE, beam $BEAM, lenpen $LENPEN)"
-    python "$ROOT/scripts/translate.py" --engine ctranslate2 --model-dir "$CT2_DIR" --data-bin "$DATA_BIN" \
+    fairseq-rope-translate --engine ctranslate2 --model-dir "$CT2_DIR" --data-bin "$DATA_BIN" \
         --src "$SRC" --tgt "$TGT" --input-format bpe --output-format tok --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH_SIZE" --device "$DEVICE" --compute-type "${COMPUTE_TYPE:-default}" \
         ${THREADS:+--threads "$THREADS"} --quiet --stats-json "$OUT_DIR/speed.json" \
@@ -150,7 +150,7 @@ fi
 n_hyp=$(wc -l < "$OUT_DIR/hyp.tok.$TGT")
 [[ "$n_hyp" -eq "$n_ref" ]] || die "$n_hyp hypotheses but $n_ref reference lines in $REF_TOK"
 
-python "$ROOT/scripts/score_bleu.py" --hyp "$OUT_DIR/hyp.tok.$TGT" --ref "$REF_TOK" --raw-ref "$REF_RAW" \
+fairseq-rope-score --hyp "$OUT_DIR/hyp.tok.$TGT" --ref "$REF_TOK" --raw-ref "$REF_RAW" \
     --lang "$TGT" --detok-out "$OUT_DIR/hyp.detok.$TGT" --out-json "$OUT_DIR/scores.json.part" \
     | tee "$OUT_DIR/scores.txt"
 mv "$OUT_DIR/scores.json.part" "$OUT_DIR/scores.json"

@@ -146,11 +146,10 @@ fi
 [[ "$LOCK_STATUS" == 0 ]] || die "cannot lock $WORK_DIR with $PYTHON (status $LOCK_STATUS)"
 trap 'rm -f "$WORK_DIR/.prepare.pid"' EXIT
 printf 'PID %s on %s\n' "$$" "$(hostname 2>/dev/null || uname -n)" > "$WORK_DIR/.prepare.pid"
-TOOLS="$HERE/text_tools.py"
-export TEXT_TOOLS_PREFIX=prepare     # text_tools.py errors read "[prepare] error: ..."
+export TEXT_TOOLS_PREFIX=prepare     # fairseq-rope-text errors read "[prepare] error: ..."
 UTF8_ARGS=()
 [[ "$REPLACE_INVALID_UTF8" == 0 ]] || UTF8_ARGS=(--replace-invalid-utf8)
-tool() { "$PYTHON" "$TOOLS" "$@"; }
+tool() { "$PYTHON" -m fairseq_rope_tools.data.text_tools "$@"; }
 
 # --- step bookkeeping -----------------------------------------------------------------------
 RECORD=""
@@ -233,7 +232,7 @@ download() {
 }
 
 # --- step 1: archives or your corpus -> raw text ----------------------------------------------
-# normalize (text_tools.py) is the first reader of your text: from here on every file has one
+# normalize (fairseq-rope-text) is the first reader of your text: from here on every file has one
 # sentence per line, split only at \n, strictly UTF-8, so no later tool can split a line in two.
 split_prefix() { case "$1" in train) echo "$TRAIN_PREFIX" ;; valid) echo "$VALID_PREFIX" ;; test) echo "$TEST_PREFIX" ;; esac; }
 

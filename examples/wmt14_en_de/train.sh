@@ -66,7 +66,7 @@ UPDATE_FREQ="${UPDATE_FREQ:-$(( (TOKENS_PER_UPDATE + MAX_TOKENS * DEVICES / 2) /
 # The plugin registers transformer_rope_*; it also allow-lists argparse.Namespace for torch's
 # safe checkpoint loading, which resuming a stock-fairseq checkpoint under torch >= 2.6 needs too,
 # so it is loaded for the baseline as well (it changes nothing in stock architectures).
-USER_DIR_ARGS=(--user-dir "$ROOT/fairseq_rope")
+USER_DIR_ARGS=(--user-dir "$(plugin_dir)")
 
 ARGS=(
     "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT"

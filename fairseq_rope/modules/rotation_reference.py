@@ -1,4 +1,4 @@
-"""How the fused rotation kernel is judged, by the tests and by ``scripts/gpu_check.py`` alike:
+"""How the fused rotation kernel is judged, by the tests and by ``fairseq-rope-gpu-check`` alike:
 the rotation computed from its definition, and the distance from it in units in the last place.
 
 The reference shares no code with the kernel or with :func:`~.rotary.apply_rotary`: the pairs

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Average the parameters of several fairseq checkpoints into one.
 
-Same command line as fairseq's ``scripts/average_checkpoints.py``::
+Same command line as fairseq's ``fairseq-rope-average``::
 
     # the last 5 update checkpoints (checkpoint_EPOCH_UPDATES.pt) of a directory
-    python scripts/average_checkpoints.py --inputs checkpoints/ --num-update-checkpoints 5 \\
+    fairseq-rope-average --inputs checkpoints/ --num-update-checkpoints 5 \\
         --output checkpoints/checkpoint.avg5.pt
     # the last 5 epoch checkpoints (checkpointEPOCH.pt), none after epoch 40
-    python scripts/average_checkpoints.py --inputs checkpoints/ --num-epoch-checkpoints 5 \\
+    fairseq-rope-average --inputs checkpoints/ --num-epoch-checkpoints 5 \\
         --checkpoint-upper-bound 40 --output avg.pt
     # an explicit list
-    python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    fairseq-rope-average --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are loaded with torch's safe default (``weights_only=True``; importing
 ``fairseq_rope`` allow-lists the few types fairseq checkpoints hold). All inputs must be the same
@@ -30,16 +30,14 @@ import argparse
 import collections
 import os
 import re
-import signal
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairseq_rope.checkpoints import is_readable_checkpoint, save_checkpoint_atomically  # noqa: E402
-from fairseq_rope.model_options import computation_options, model_config  # noqa: E402
-from fairseq_rope.training_lengths import TrainingLengths  # noqa: E402
+from fairseq_rope.checkpoints import is_readable_checkpoint, save_checkpoint_atomically
+from fairseq_rope.model_options import computation_options, model_config
+from fairseq_rope.training_lengths import TrainingLengths
+from fairseq_rope_tools.cli import sigterm_unwinds
 
 
 class CheckpointMismatch(ValueError):
@@ -190,20 +188,19 @@ def main(argv=None):
                          "or --num-epoch-checkpoints N)")
     if os.path.realpath(args.output) in map(os.path.realpath, inputs):  # symlinks resolved
         sys.exit(f"error: --output {args.output} is one of the inputs")
-    # SIGTERM (a scheduler's cancel) unwinds like Ctrl-C, so no temporary file is left behind
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     print(f"averaging {len(inputs)} checkpoints:", *inputs, sep="\n  ", file=sys.stderr)
-    try:
-        state = average_checkpoints(inputs)
-    except CheckpointMismatch as e:
-        sys.exit(f"error: {e}")
-    if not args.keep_optimizer_state:
-        state["last_optimizer_state"] = None
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    try:
-        save_checkpoint_atomically(state, args.output)
-    except OSError as e:
-        sys.exit(f"error: {e}")
+    with sigterm_unwinds():
+        try:
+            state = average_checkpoints(inputs)
+        except CheckpointMismatch as e:
+            sys.exit(f"error: {e}")
+        if not args.keep_optimizer_state:
+            state["last_optimizer_state"] = None
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        try:
+            save_checkpoint_atomically(state, args.output)
+        except OSError as e:
+            sys.exit(f"error: {e}")
     print(f"wrote {args.output}", file=sys.stderr)
 
 

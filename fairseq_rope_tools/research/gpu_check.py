@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One command that checks a CUDA machine end to end, and writes down what it found.
 
-    python scripts/gpu_check.py --out-dir work/gpu_check [--updates 300]
-    python scripts/gpu_check.py --out-dir /tmp/gpu_check --tiny      # the same steps on a CPU, tiny sizes
+    fairseq-rope-gpu-check --out-dir work/gpu_check [--updates 300]
+    fairseq-rope-gpu-check --out-dir /tmp/gpu_check --tiny      # the same steps on a CPU, tiny sizes
 
 ``report.json`` and ``report.md`` in --out-dir (each written atomically), one section per step:
 
@@ -13,20 +13,20 @@
    and the q/k pair: the largest error, absolute and in units in the last place (ulps) of the
    dtype; it passes within 1e-6 in fp32 and one ulp in fp16 and bf16, the tests' tolerances;
 3. training: transformer_rope and transformer, trained by the recipe (examples/wmt14_en_de/train.sh)
-   on the quickstart corpus (scripts/generate_corpus.py, prepared by prepare.sh) for --updates
+   on the quickstart corpus (fairseq-rope-generate-corpus, prepared by prepare.sh) for --updates
    updates in fp32 and with --fp16, same seed and batches: train and validation loss side by side
    (a table and losses.png), and the verdict: RoPE's final fp16 validation loss within
    --loss-tolerance (relative) of its fp32 one. bf16 is reported as skipped: fairseq 0.12's --bf16
    implies --tpu, so fairseq-train cannot train in bf16 on a GPU (the kernel is checked in bf16);
 4. generation: each fp32-trained model decodes the test set with fairseq-generate, beam 4, length
-   penalty 0.6 (scripts/benchmark_ctranslate2.py's settings), in fp32 and, on CUDA, with --fp16;
+   penalty 0.6 (fairseq-rope-benchmark-ct2's settings), in fp32 and, on CUDA, with --fp16;
 5. speed: RoPE / sinusoidal ratios of training speed (words and updates per second, fairseq's
    logged intervals without the first, which holds start-up and Triton's compilation) and of
    generation (sentences per second);
 6. bandwidth: the fused rotation of q and k as self-attention launches it (fp16), in GB/s read and
    written, against the device's peak: its specified bandwidth from a table of known GPUs, else a
    large copy measured here (the report says which);
-7. ctranslate2: the RoPE model exported (float32 and int8 weights, scripts/export_ctranslate2.py)
+7. ctranslate2: the RoPE model exported (float32 and int8 weights, fairseq-rope-export)
    and decoded on the device with the same beam, length penalty and length limit: per compute type
    the lines identical to fairseq-generate's (float16 and int8_float16 against fairseq's fp16) and
    the speed-up over it. float32 must give fairseq's output on every line.
@@ -58,16 +58,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-import benchmark_ctranslate2 as ct2_bench  # noqa: E402
-import compare_data  # noqa: E402
-from common import ArgumentParser, CommandFailed, output_dir_problem, parse_train_log, run_logged  # noqa: E402
-from common import write_text_atomically  # noqa: E402
-from machine import cpu_model  # noqa: E402
+from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, run_logged, sayer
+from fairseq_rope_tools.files import output_dir_problem, write_text_atomically
+from fairseq_rope_tools.recipes import recipe_step
+from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
+from fairseq_rope_tools.research import compare_data
+from fairseq_rope_tools.research.machine import cpu_model
+from fairseq_rope_tools.training_log import parse_train_log
 
-TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
+TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")
 MODELS = ("rope", "sinusoidal")
 PRECISIONS = ("fp32", "fp16", "bf16")
 BF16_SKIPPED = "skipped: fairseq 0.12's --bf16 implies --tpu (torch_xla), so fairseq-train cannot train in bf16 on CUDA"
@@ -115,8 +114,7 @@ TINY = Sizes(corpus=(300, 20, 20), bpe_merges=200,
              bandwidth_shape=(4, 2, 2, 16), bandwidth_reps=3, copy_bytes=1 << 20, lanes=2)
 
 
-def say(message):
-    print(f"[gpu_check] {message}", file=sys.stderr, flush=True)
+say = sayer("gpu_check")
 
 
 def run_lanes(jobs, lanes):
@@ -298,22 +296,8 @@ def bandwidth_section(device, sizes):
             "peak_source": source, "percent_of_peak": 100 * gb_per_s / peak}
 
 
-def import_rotation_without_fairseq():
-    """Let ``fairseq_rope.modules.*`` import without the packages' __init__ files, which import
-    fairseq (seconds of start-up that the kernel does not need): empty packages stand in for them.
-    For the child process only, which imports nothing else of the plugin."""
-    import types
-
-    plugin = REPO / "fairseq_rope"
-    for name, path in (("fairseq_rope", plugin), ("fairseq_rope.modules", plugin / "modules")):
-        package = types.ModuleType(name)
-        package.__path__ = [str(path)]
-        sys.modules[name] = package
-
-
 def device_worker(request):
     """The child process: the kernel and bandwidth sections as JSON on stdout."""
-    import_rotation_without_fairseq()
     sizes = TINY if request["tiny"] else FULL
     out = {}
     for name, section in (("kernel", kernel_section), ("bandwidth", bandwidth_section)):
@@ -328,7 +312,7 @@ def device_sections(device, tiny, log_path):
     env.pop("TRITON_INTERPRET", None)
     if tiny:
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, __file__, "--device-worker", json.dumps({"device": device, "tiny": tiny})],
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--device-worker", json.dumps({"device": device, "tiny": tiny})],
                           capture_output=True, text=True, env=env)
     Path(log_path).write_text(proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
@@ -342,7 +326,7 @@ def device_sections(device, tiny, log_path):
 
 
 def quickstart_data_bin(work_dir, sizes, threads):
-    """The quickstart corpus, generated and prepared by prepare.sh (scripts/compare_data.py)."""
+    """The quickstart corpus, generated and prepared by prepare.sh (fairseq_rope_tools/research/compare_data.py)."""
     train, valid, test = sizes.corpus
     args = SimpleNamespace(out_dir=work_dir, corpus_train_size=train, corpus_bpe_size=sizes.bpe_merges, corpus_seed=1,
                            source_lang="en", target_lang="de", threads=threads)
@@ -405,8 +389,8 @@ def loss_verdict(runs, tolerance):
 
 
 def plot_runs(runs, output, title):
-    """losses.png with scripts/plot_losses.py's plot."""
-    from plot_losses import plot
+    """losses.png with fairseq-rope-plot-losses's plot."""
+    from fairseq_rope_tools.research.plot_losses import plot
 
     curves = [(name, dict(run["train_curve"]), {u: loss for u, loss, _ in run["valid_curve"]})
               for name, run in runs.items() if "train_curve" in run]
@@ -619,7 +603,7 @@ def bandwidth_md(bw):
 def ctranslate2_md(ct2):
     rows = [(r["compute_type"], r["weights"], r["compared_with"], f"{r['identical']}/{r['sentences']}",
              r["fairseq_at_length_limit"], r["sentences_per_second"], f"{r['speedup']}x") for r in ct2["rows"]]
-    return ("The RoPE model, exported by scripts/export_ctranslate2.py, decoded with fairseq-generate's settings. A "
+    return ("The RoPE model, exported by fairseq-rope-export, decoded with fairseq-generate's settings. A "
             "hypothesis that reaches the length limit may differ: fairseq forces and scores </s> after it, "
             "CTranslate2 stops.\n\n"
             + table(("compute type", "weights", "compared with", "identical lines", "fairseq lines at the length "
@@ -732,7 +716,7 @@ def main(argv=None):
             p.exit(1, f"{p.prog}: error: preparing the quickstart corpus failed: {e}\n")
 
     started = time.time()
-    report = {"tiny": args.tiny, "command": [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+    report = {"tiny": args.tiny, "command": [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)],
               **run_checks(args, device, sizes, out_dir, data_bin_ready)}
     report["verdicts"] = verdicts(report)
     report["seconds"] = round(time.time() - started, 1)

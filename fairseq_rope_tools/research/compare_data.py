@@ -1,4 +1,4 @@
-"""The data side of scripts/compare_position_encodings.py: which corpus, which test groups, which
+"""The data side of fairseq-rope-compare: which corpus, which test groups, which
 references.
 
 Every source ends as a :class:`TestData`: a fairseq data-bin to train on and decode, the test
@@ -8,7 +8,7 @@ arguments that undo its subword segmentation.
 
 * ``--prepared-dir WORK_DIR`` -- a corpus prepared by examples/wmt14_en_de/prepare.sh: trains on
   its BPE text, scores against its ``tok/`` and ``raw/`` references, exactly as evaluate.sh does;
-* ``--quickstart-corpus`` -- scripts/generate_corpus.py's synthetic corpus, prepared by
+* ``--quickstart-corpus`` -- fairseq-rope-generate-corpus's synthetic corpus, prepared by
   prepare.sh, then the same as ``--prepared-dir``;
 * ``--raw-dir DIR`` -- whitespace-tokenized ``{train,valid,test}.{SRC,TGT}`` without subwords,
   binarized here with a joined dictionary;
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import replace_directory, run_logged, write_lines_atomically, write_text_atomically  # noqa: E402
-from text_lines import InputError, read_lines  # noqa: E402
+from fairseq_rope_tools.cli import run_logged
+from fairseq_rope_tools.files import replace_directory, write_lines_atomically, write_text_atomically
+from fairseq_rope_tools.recipes import recipe_step
+from fairseq_rope_tools.text_lines import InputError, read_lines
 
-REPO = Path(__file__).resolve().parents[1]
 GROUPS_FILE = "test_groups.json"
 PREPARE_STEPS = ("raw", "tok", "clean", "bpe", "data-bin")
 REMOVE_BPE = {"subword_nmt": ["--remove-bpe"], "sentencepiece": ["--remove-bpe", "sentencepiece"]}
@@ -60,7 +60,7 @@ def concatenated(rows, n):
 
 def read_pairs(raw_dir, split, src, tgt):
     """The sentence pairs of RAW_DIR/SPLIT.{SRC,TGT} as token lists, read strictly
-    (scripts/text_lines.py)."""
+    (fairseq_rope_tools/text_lines.py)."""
     src_path, tgt_path = Path(raw_dir) / f"{split}.{src}", Path(raw_dir) / f"{split}.{tgt}"
     sources, targets = read_lines(src_path), read_lines(tgt_path)
     if len(sources) != len(targets):
@@ -170,16 +170,16 @@ def from_prepared_dir(args, work_dir, log):
 
 
 def quickstart_corpus(args, log, valid_size=300, test_size=500):
-    """scripts/generate_corpus.py's corpus in OUT_DIR/corpus, prepared by prepare.sh into
+    """fairseq-rope-generate-corpus's corpus in OUT_DIR/corpus, prepared by prepare.sh into
     OUT_DIR/prepared (a rerun skips what is complete); returns the prepared work directory."""
     corpus, prepared = args.out_dir / "corpus", args.out_dir / "prepared"
     log(f"quickstart corpus: {args.corpus_train_size} training pairs, {args.corpus_bpe_size} BPE merges "
         f"(log: {args.out_dir / 'prepare.log'})")
-    run_logged([sys.executable, REPO / "scripts" / "generate_corpus.py", "--out-dir", corpus,
+    run_logged(["fairseq-rope-generate-corpus", "--out-dir", corpus,
                 "--seed", args.corpus_seed, "--train-size", args.corpus_train_size, "--valid-size", valid_size,
                 "--test-size", test_size, "--src", args.source_lang, "--tgt", args.target_lang],
                args.out_dir / "generate_corpus.log")
-    run_logged(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", prepared,
+    run_logged(["bash", recipe_step("wmt14_en_de", "prepare.sh"), "--work-dir", prepared,
                 "--train-prefix", corpus / "train", "--valid-prefix", corpus / "valid", "--test-prefix", corpus / "test",
                 "--src", args.source_lang, "--tgt", args.target_lang, "--bpe-size", args.corpus_bpe_size,
                 "--workers", args.threads], args.out_dir / "prepare.log",

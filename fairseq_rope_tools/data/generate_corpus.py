@@ -26,7 +26,7 @@ sentences never occur in train. OUT_DIR is written as one (the files go into a h
 beside it, which then replaces it in one rename: a failed run leaves the complete old corpus or
 the complete new one), so it must hold nothing but these files.
 
-Usage: ``python scripts/generate_corpus.py --out-dir work/corpus --train-size 30000``
+Usage: ``fairseq-rope-generate-corpus --out-dir work/corpus --train-size 30000``
 """
 
 import random
@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ArgumentParser, replace_directory, replaced_dir_problem, write_lines_atomically  # noqa: E402
+from fairseq_rope_tools.cli import ArgumentParser
+from fairseq_rope_tools.files import replace_directory, replaced_dir_problem, write_lines_atomically
 
 # ---------------------------------------------------------------------------------------------
 # Lexicon

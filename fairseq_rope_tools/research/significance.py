@@ -1,6 +1,6 @@
 """Is a difference in BLEU real? sacreBLEU's paired bootstrap resampling (Koehn 2004;
 ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``) on the metrics of
-scripts/score_bleu.py: compound-split tokenized BLEU, detokenized sacreBLEU and chrF++.
+fairseq-rope-score: compound-split tokenized BLEU, detokenized sacreBLEU and chrF++.
 
 For each system it gives the corpus score, the mean of the resampled scores and the half-width
 of their 95 % interval; for every system after the first (the baseline) the p-value of the
@@ -14,11 +14,8 @@ smallest possible p-value, 1 / (resamples + 1), as if the difference were signif
 difference was observed then, and its p-value is 1.
 """
 
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import score_bleu  # noqa: E402
+from fairseq_rope_tools.checkpoints import score_bleu
 
 RESAMPLES = 1000
 # metric key -> what the reports call it

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Translation speed and BLEU: fairseq-generate against the same model exported to CTranslate2.
 
-    python scripts/benchmark_ctranslate2.py --checkpoint work/quickstart/.../checkpoint.avg5.pt \\
+    fairseq-rope-benchmark-ct2 --checkpoint work/quickstart/.../checkpoint.avg5.pt \\
         --data-bin work/quickstart/.../data-bin --out-dir work/bench_ct2 [--threads 1 2] [--reps 3] \\
         [--device cuda]
 
 The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
 * ``fairseq-generate`` (its own timer: generation only, model loading excluded), and
 * CTranslate2 (``translate_batch`` on the same sources, model loading excluded), float32 and
-  int8 (exported by scripts/export_ctranslate2.py), each with its CPU backend chosen by
+  int8 (exported by fairseq-rope-export), each with its CPU backend chosen by
   ``CT2_USE_MKL`` (1: Intel MKL, 0: its own kernels): the faster backend differs by compute type
   and processor, so both are measured. Each CTranslate2 configuration runs in a fresh process,
   since the backend is fixed when the library loads.
@@ -20,7 +20,7 @@ with the fairseq run of its precision (float32 with fp32, the others with fp16).
 Every configuration runs at each ``--threads`` count (``OMP_NUM_THREADS`` for fairseq,
 ``intra_threads`` for CTranslate2) ``--reps`` times; the table gives the median time as sentences
 and target tokens per second, the speed-up over fairseq-generate at the same thread count, and
-tokenized BLEU with compound splitting (scripts/score_bleu.py) against the test references.
+tokenized BLEU with compound splitting (fairseq-rope-score) against the test references.
 ``results.json`` and ``results.md`` are written to --out-dir.
 """
 
@@ -34,12 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import write_text_atomically  # noqa: E402
-from machine import cpu_model  # noqa: E402
-from score_bleu import tokenized_bleu  # noqa: E402
-from translate import remove_bpe as remove_bpe_from_line  # noqa: E402
+from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
+from fairseq_rope_tools.cli import plugin_dir
+from fairseq_rope_tools.deploy.translate import remove_bpe as remove_bpe_from_line
+from fairseq_rope_tools.files import write_text_atomically
+from fairseq_rope_tools.research.machine import cpu_model
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64
 # target tokens before </s>: fairseq-generate's default --max-len-b (with --max-len-a 0), and CTranslate2's
@@ -89,7 +88,7 @@ def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp3
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     device_args = ["--cpu"] if device == "cpu" else (["--fp16"] if precision == "fp16" else [])
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "fairseq-generate"), str(data_bin), "--user-dir", str(HERE.parent / "fairseq_rope"),
+        [str(Path(sys.executable).parent / "fairseq-generate"), str(data_bin), "--user-dir", plugin_dir(),
          "--path", str(checkpoint), *device_args, "--beam", str(BEAM), "--lenpen", str(LENPEN),
          "--batch-size", str(BATCH), "--gen-subset", "test", "--max-len-a", "0", "--max-len-b", str(max_len)],
         capture_output=True, text=True, env=env)
@@ -127,7 +126,7 @@ def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cp
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if use_mkl is not None:
         env["CT2_USE_MKL"] = str(use_mkl)
-    proc = subprocess.run([sys.executable, __file__, "--ct2-worker"], input=json.dumps(request),
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--ct2-worker"], input=json.dumps(request),
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"error: CTranslate2 ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}")
@@ -138,7 +137,7 @@ def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cp
 def export(checkpoint, data_bin, out_dir, quantization):
     """OUT_DIR/ct2_QUANTIZATION, exported unless it holds this very checkpoint already. In this
     process: torch and fairseq are loaded once for all exports."""
-    import export_ctranslate2 as exporter
+    from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
     model_dir = out_dir / f"ct2_{quantization}"
     if not exporter.is_current(model_dir, checkpoint, quantization):

@@ -51,26 +51,25 @@ import shutil
 import struct
 import sys
 import tarfile
-import zlib
 import unicodedata
+import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import text_lines  # noqa: E402
-from common import write_atomically, write_lines_atomically  # noqa: E402
-from text_lines import InputError  # noqa: E402
+from fairseq_rope_tools import text_lines
+from fairseq_rope_tools.cli import sayer
+from fairseq_rope_tools.files import write_atomically, write_lines_atomically
+from fairseq_rope_tools.text_lines import InputError
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
 
 
-def say(message):
-    print(f"[{PREFIX}] {message}", file=sys.stderr)
+say = sayer(PREFIX)
 
 
 class LineReader(text_lines.LineReader):
-    """The strict reader of scripts/text_lines.py, whose invalid-UTF-8 error offers this tool's
+    """The strict reader of fairseq_rope_tools/text_lines.py, whose invalid-UTF-8 error offers this tool's
     way out, and which reports its replacements as [PREFIX] lines."""
 
     fix = "fix the file, or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD"

@@ -26,8 +26,8 @@ combines the pairs of several saved reports.
 
 Example::
 
-    python scripts/benchmark_speed.py --dims tiny base --reps 7 --json-out bench.json
-    python scripts/benchmark_speed.py --pool run1.json run2.json run3.json
+    fairseq-rope-benchmark-speed --dims tiny base --reps 7 --json-out bench.json
+    fairseq-rope-benchmark-speed --pool run1.json run2.json run3.json
 """
 
 import argparse
@@ -42,18 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from fairseq_rope_tools.files import write_text_atomically
 
-from common import write_text_atomically  # noqa: E402
 # page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests
-from machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc  # noqa: E402
-from paired_stats import alternate, median_interval, pool_ratios, summarise, summarise_counts  # noqa: E402,F401
+from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
+from fairseq_rope_tools.research.paired_stats import alternate, pool_ratios, summarise, summarise_counts
 
 ARCHS = {
     "tiny": ("transformer_tiny", "transformer_rope_tiny"),
@@ -346,7 +342,7 @@ def bench_memory(archs, child_args, reps):
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
         env.pop("GLIBC_TUNABLES", None)  # --malloc retain is for timings only
         proc = subprocess.run(
-            [sys.executable, __file__, "--memory-child", arch, *child_args],
+            [sys.executable, "-m", __spec__.name, "--memory-child", arch, *child_args],
             capture_output=True, text=True, check=True, env=env,
         )
         line = [x for x in proc.stdout.splitlines() if x.startswith("MEMORY_JSON ")][-1]

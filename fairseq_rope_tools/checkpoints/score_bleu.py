@@ -13,7 +13,7 @@
    default 13a tokenizer; the signature is reported with the score.
 3. **chrF++** (sacreBLEU's chrF with word bigrams) on the same detokenized text, with its signature.
 
-    python scripts/score_bleu.py --hyp hyp.tok.de --ref test.tok.de --raw-ref test.de --lang de \\
+    fairseq-rope-score --hyp hyp.tok.de --ref test.tok.de --raw-ref test.de --lang de \\
         --out-json scores.json --detok-out hyp.detok.de
 
 With ``--tokenize``, ``--hyp`` and ``--ref`` are plain text and are Moses-tokenized (``-a``) first.
@@ -21,16 +21,14 @@ With ``--tokenize``, ``--hyp`` and ``--ref`` are plain text and are Moses-tokeni
 
 import argparse
 import json
-import os
 import re
 import sys
 
 from sacrebleu.metrics import BLEU, CHRF
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import text_lines  # noqa: E402
-from common import write_lines_atomically, write_text_atomically  # noqa: E402
-from text_lines import InputError  # noqa: E402
+from fairseq_rope_tools import text_lines
+from fairseq_rope_tools.files import write_lines_atomically, write_text_atomically
+from fairseq_rope_tools.text_lines import InputError
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -41,7 +39,7 @@ def compound_split(line: str) -> str:
 
 
 def read_lines(path):
-    """The lines of a text file, read strictly (scripts/text_lines.py): a missing, unreadable or
+    """The lines of a text file, read strictly (fairseq_rope_tools/text_lines.py): a missing, unreadable or
     non-UTF-8 file stops the script with one line naming it (and the line of the first bad byte)."""
     try:
         return text_lines.read_lines(path)
@@ -64,7 +62,7 @@ def moses_detokenize(lines, lang):
 
 
 # The metrics as sacreBLEU objects, for scoring and for sacreBLEU's significance tests
-# (scripts/significance.py): tokenized BLEU takes compound-split lines, the others detokenized ones.
+# (fairseq_rope_tools/research/significance.py): tokenized BLEU takes compound-split lines, the others detokenized ones.
 def tokenized_bleu_metric():
     """multi-bleu.perl: BLEU on whitespace tokens, no smoothing."""
     return BLEU(tokenize="none", smooth_method="none", force=True)
@@ -128,7 +126,8 @@ def _check_same_length(a, b, name_a, name_b):
         sys.exit(f"error: {name_a} has {len(a)} lines but {name_b} has {len(b)}; they must be parallel")
 
 
-def main(argv=None):
+def run(argv=None) -> dict:
+    """The command line's scores, as written by --out-json."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hyp", required=True, help="hypotheses, Moses-tokenized, one per line, in test-set order")
     p.add_argument("--ref", required=True, help="reference, Moses-tokenized the same way")
@@ -163,6 +162,10 @@ def main(argv=None):
     if args.out_json:
         write_text_atomically(args.out_json, json.dumps(result, indent=2) + "\n")
     return result
+
+
+def main(argv=None) -> None:
+    run(argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Translate raw text with a trained model, through CTranslate2 or fairseq.
 
-    python scripts/translate.py --work-dir work/wmt14_en_de --model-dir ct2/wmt14_en_de input.en \\
+    fairseq-rope-translate --work-dir work/wmt14_en_de --model-dir ct2/wmt14_en_de input.en \\
         --output output.de                                   # an exported CTranslate2 directory
-    python scripts/translate.py --work-dir work/wmt14_en_de --engine fairseq \\
+    fairseq-rope-translate --work-dir work/wmt14_en_de --engine fairseq \\
         --checkpoint work/wmt14_en_de/checkpoints/transformer_rope_wmt_en_de/checkpoint.avg5.pt < input.en
 
 Each input line goes through the recipe's own steps (examples/wmt14_en_de/prepare.sh), read from
@@ -16,7 +16,7 @@ fairseq-generate in evaluate.sh), the BPE is removed as fairseq-generate's ``--r
 the result is Moses-detokenized. One output line per input line, in input order; an empty line
 gives an empty line. Sentences are sorted by length into batches for speed.
 
-Input is read strictly (scripts/text_lines.py): lines end only at ``\\n`` (CRLF is a plain end; a
+Input is read strictly (fairseq_rope_tools/text_lines.py): lines end only at ``\\n`` (CRLF is a plain end; a
 ``\\r`` or other line-break character inside a line becomes a space, reported), and the first
 invalid UTF-8 byte stops the script with the file and line unless ``--replace-invalid-utf8``.
 ``--output`` is written atomically (a temporary file renamed when complete); without it the
@@ -44,12 +44,10 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "examples" / "wmt14_en_de"))
-import text_tools  # noqa: E402  (the recipe's tokenizer, step records and strict line reader)
-from common import ArgumentParser, write_lines, write_text_atomically  # noqa: E402
-from text_lines import InputError  # noqa: E402
+from fairseq_rope_tools.cli import ArgumentParser, plugin_dir, sayer
+from fairseq_rope_tools.data import text_tools  # (the recipe's tokenizer, step records and strict line reader)
+from fairseq_rope_tools.files import write_lines, write_text_atomically
+from fairseq_rope_tools.text_lines import InputError
 
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
 
@@ -60,15 +58,14 @@ FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 
 
-EXPORT_INFO = "export_info.json"  # written by scripts/export_ctranslate2.py
+EXPORT_INFO = "export_info.json"  # written by fairseq-rope-export
 
 
 class Refused(Exception):
     """A bad flag, file or combination: reported as one line naming it, exit status 2."""
 
 
-def say(message):
-    print(f"[translate] {message}", file=sys.stderr)
+say = sayer("translate")
 
 
 def first_line(error, limit=200):
@@ -205,7 +202,7 @@ class CTranslate2Engine:
         model_dir = Path(args.model_dir)
         if not (model_dir / "model.bin").is_file() or not (model_dir / "config.json").is_file():
             raise Refused(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
-                          "config.json): export one with scripts/export_ctranslate2.py")
+                          "config.json): export one with fairseq-rope-export")
         if args.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise Refused("--device cuda: CTranslate2 sees no CUDA device")
         supported = ctranslate2.get_supported_compute_types(args.device) | {"default", "auto"}
@@ -221,7 +218,7 @@ class CTranslate2Engine:
                                                      inter_threads=1)
         except (RuntimeError, ValueError) as e:
             raise Refused(f"--model-dir {model_dir}: CTranslate2 cannot load {model_dir / 'model.bin'} "
-                          f"({first_line(e)}): export it again with scripts/export_ctranslate2.py") from None
+                          f"({first_line(e)}): export it again with fairseq-rope-export") from None
 
     @staticmethod
     def recorded_max_source(model_dir):
@@ -308,7 +305,7 @@ class FairseqEngine:
         from fairseq import checkpoint_utils, utils
         from fairseq.hub_utils import GeneratorHubInterface
 
-        overrides = dict(data=str(args.data_bin.resolve()), user_dir=str(REPO / "fairseq_rope"),
+        overrides = dict(data=str(args.data_bin.resolve()), user_dir=plugin_dir(),
                          source_lang=args.src, target_lang=args.tgt)
         utils.import_user_module(Namespace(user_dir=overrides["user_dir"]))
         try:
@@ -387,7 +384,7 @@ def parse_args(argv):
                                       "(default: WORK_DIR/data-bin)")
     p.add_argument("--engine", choices=ENGINES,
                    help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
-    p.add_argument("--model-dir", help="a CTranslate2 model directory (scripts/export_ctranslate2.py)")
+    p.add_argument("--model-dir", help="a CTranslate2 model directory (fairseq-rope-export)")
     p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
     p.add_argument("--src", help="source language (default: as recorded in the data-bin)")
     p.add_argument("--tgt", help="target language (default: as recorded in the data-bin)")
@@ -415,7 +412,7 @@ def parse_args(argv):
     p.add_argument("--max-source-positions", type=int,
                    help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
                         "(default: the model's max_source_positions: from the checkpoint, or recorded in "
-                        "export_info.json by scripts/export_ctranslate2.py); longer lines are refused")
+                        "export_info.json by fairseq-rope-export); longer lines are refused")
     args = p.parse_args(argv)
     for flag, minimum in (("beam", 1), ("max_len", 1), ("batch_size", 1), ("threads", 1),
                           ("max_source_positions", 2)):
@@ -437,7 +434,7 @@ def check_setup(args):
             raise Refused("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
     if args.engine == "ctranslate2":
         if not args.model_dir:
-            raise Refused("--engine ctranslate2 needs --model-dir (export one with scripts/export_ctranslate2.py)")
+            raise Refused("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
         if not Path(args.model_dir).is_dir():
             raise Refused(f"--model-dir {args.model_dir} is not a directory")
     else:
@@ -602,7 +599,9 @@ def main(argv=None):
     if args.output_format != "bpe":
         hyps = [remove_bpe(" ".join(h), args.bpe_type) for h in hyps]
         if args.output_format == "detok":
-            from score_bleu import moses_detokenize  # the detokenizer evaluate.sh scores with
+            from fairseq_rope_tools.checkpoints.score_bleu import (
+                moses_detokenize,  # the detokenizer evaluate.sh scores with
+            )
 
             hyps = moses_detokenize(hyps, args.tgt)
     else:

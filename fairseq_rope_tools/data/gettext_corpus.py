@@ -8,8 +8,8 @@ where WMT cannot be downloaded. The domain is software messages -- mostly short 
 phrases, with placeholders such as ``%s`` -- so it tests translation of real language with real
 vocabulary and real word order, not news.
 
-    python scripts/gettext_corpus.py --out-dir work/gettext/raw            # apt-get download
-    python scripts/gettext_corpus.py --out-dir work/gettext/raw --mo a.mo b.mo  # catalogs you have
+    fairseq-rope-gettext-corpus --out-dir work/gettext/raw            # apt-get download
+    fairseq-rope-gettext-corpus --out-dir work/gettext/raw --mo a.mo b.mo  # catalogs you have
 
 What is kept: one pair per English message (the first in package order), with the context of a
 ``msgctxt`` dropped and a plural taken in its singular form; the pairs are single-line, have no
@@ -41,8 +41,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ArgumentParser, replace_directory, replaced_dir_problem, write_lines_atomically  # noqa: E402
+from fairseq_rope_tools.cli import ArgumentParser
+from fairseq_rope_tools.files import replace_directory, replaced_dir_problem, write_lines_atomically
 
 # Debian bookworm packages with large German catalogs: compilers and tools, desktop programs.
 DEFAULT_PACKAGES = [

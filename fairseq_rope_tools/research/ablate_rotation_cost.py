@@ -7,21 +7,16 @@ the rotation replaced by the identity (same attention code path, no rotation). P
 per-step times, their medians and the minor page faults per step (``--malloc retain``: see
 benchmark_speed.py).
 
-    python scripts/ablate_rotation_cost.py --dim base --reps 4
+    fairseq-rope-ablate-rotation --dim base --reps 4
 """
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from benchmark_speed import (  # noqa: E402
+from fairseq_rope_tools.research.benchmark_speed import (
     ARCHS,
     _Task,
     build_model,

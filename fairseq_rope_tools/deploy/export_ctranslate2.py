@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export a fairseq translation checkpoint to a CTranslate2 model directory.
 
-    python scripts/export_ctranslate2.py --checkpoint checkpoints/avg_last5.pt \\
+    fairseq-rope-export --checkpoint checkpoints/avg_last5.pt \\
         --data-bin data-bin/wmt14_en_de --output-dir ct2/wmt14_en_de [--quantization int8]
 
 Converts ``transformer_rope*`` checkpoints (either ``--rope-layout``, any ``--rope-fraction`` and
@@ -44,16 +44,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fairseq_rope  # noqa: E402,F401  (registers the models, allow-lists checkpoint types)
-from fairseq_rope.checkpoints import is_readable_checkpoint  # noqa: E402
-from fairseq_rope.model_options import OptionError, model_config, registered_model_name  # noqa: E402
-from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS  # noqa: E402
+import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
+from fairseq_rope.checkpoints import is_readable_checkpoint
+from fairseq_rope.model_options import OptionError, model_config, registered_model_name
+from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS
+from fairseq_rope_tools.cli import sigterm_unwinds
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 EXPORT_INFO = "export_info.json"
@@ -326,7 +324,7 @@ def load_checkpoint(checkpoint, data_bin, overrides):
         raise
     except Exception as e:  # noqa: BLE001 - torch and fairseq raise anything on a bad file
         raise ExportError(f"{flag} {_why_unloadable(checkpoint, e)}: pass a checkpoint written by fairseq-train "
-                          "or scripts/average_checkpoints.py") from e
+                          "or fairseq-rope-average") from e
     if not unchanged:
         raise ExportError(f"{flag} changed while it was read (is a training writing it?): export again "
                           "once it is written")
@@ -399,7 +397,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="fairseq-rope-export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="fairseq checkpoint (.pt), e.g. an average of the last 5")
     p.add_argument("--data-bin", required=True, help="the fairseq data-bin the model was trained on (dictionaries)")
@@ -428,14 +426,11 @@ def main(argv=None):
     if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
-    # SIGTERM unwinds like Ctrl-C: the temporary directory is removed
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides)
+        with sigterm_unwinds():
+            out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides)
     except (ExportRefused, ExportError, OptionError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(f"wrote {out} ({args.quantization})", file=sys.stderr)
 
 

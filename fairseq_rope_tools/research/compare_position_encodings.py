@@ -5,14 +5,14 @@ Every variant is trained by the recipe, examples/wmt14_en_de/train.sh, with the 
 hyper-parameters, update budget and seeds; the harness sets only the budget (MAX_UPDATE, LR,
 WARMUP_UPDATES, one batch per update, checkpoint interval) and the architecture, and any other
 knob of train.sh set in the environment (LABEL_SMOOTHING=0.2 ...) reaches every run alike. The
-last ``--average-last`` update checkpoints are averaged (scripts/average_checkpoints.py), the
-average is decoded with beam 4 and length penalty 0.6, and scored as scripts/score_bleu.py
+last ``--average-last`` update checkpoints are averaged (fairseq-rope-average), the
+average is decoded with beam 4 and length penalty 0.6, and scored as fairseq-rope-score
 scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++. Output in
 ``--out-dir``:
 
 * ``results.md`` -- per test group and variant: each score as mean, sample std and per-seed
   values over seeds; per seed, each score with its 95 % bootstrap confidence interval and the
-  p-value of sacreBLEU's paired bootstrap test against ``--baseline`` (scripts/significance.py);
+  p-value of sacreBLEU's paired bootstrap test against ``--baseline`` (fairseq_rope_tools/research/significance.py);
   validation loss, parameters, training speed; BLEU by source length;
 * ``results.json`` -- every number of every run, and the significance tests;
 * ``valid_loss.png``, ``bleu_by_length.png``;
@@ -27,7 +27,7 @@ threads per training the numbers are those of one training at a time.
 
 Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``), ``rpe``
 (Shaw et al. 2018, ``transformer_rpe``), ``rope``, ``roper`` (``--rope-values``),
-``rope_linear`` (``--attention-kind linear``). Data (scripts/compare_data.py): ``--prepared-dir
+``rope_linear`` (``--attention-kind linear``). Data (fairseq_rope_tools/research/compare_data.py): ``--prepared-dir
 WORK_DIR`` (a corpus prepared by prepare.sh), ``--quickstart-corpus`` (the synthetic corpus,
 prepared by prepare.sh here), ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
 ``--length-split L`` trains on pairs of at most L words and tests on longer ones and on test
@@ -38,7 +38,7 @@ same checkpoint through ``--model-overrides``: one factor for every sentence
 
 Example::
 
-    python scripts/compare_position_encodings.py --quickstart-corpus --out-dir work/compare \\
+    fairseq-rope-compare --quickstart-corpus --out-dir work/compare \\
         --variants sinusoidal rope --seeds 1 2 3 --max-update 3000 --length-split 20 \\
         --extrapolation-scaling ntk:3 yarn:3 dynamic-yarn --train-args "--encoder-embed-dim 128 --decoder-embed-dim 128"
 
@@ -61,16 +61,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_data  # noqa: E402
-import compare_report  # noqa: E402
-import score_bleu  # noqa: E402
-from common import CommandFailed, parse_train_line, parse_train_log, run_logged, terminate_running  # noqa: E402
-from common import ArgumentParser, output_dir_problem, write_lines_atomically, write_text_atomically  # noqa: E402
-from compare_data import InputError, concatenated, read_pairs  # noqa: E402,F401  (read_pairs, concatenated: API)
+from fairseq_rope_tools.checkpoints import score_bleu
+from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, plugin_dir, run_logged, terminate_running
+from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
+from fairseq_rope_tools.recipes import recipe_step
+from fairseq_rope_tools.research import compare_data, compare_report
+from fairseq_rope_tools.research.compare_data import InputError
+from fairseq_rope_tools.training_log import parse_train_line, parse_train_log
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_SH = REPO / "examples" / "wmt14_en_de" / "train.sh"
+TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")
 RESULT_FORMAT = 3  # format 2 is upgraded (its trained model kept, its decodes redone); older is rerun
 # fairseq_rope.modules.rotary.DYNAMIC_SCALINGS, named here so that parsing arguments needs no torch
 # (tests/test_compare_harness.py checks that the two agree)
@@ -190,13 +189,13 @@ def recipe_env(args):
 
 
 def average_last(save_dir, k, output, log_path):
-    """Average the last k update checkpoints with scripts/average_checkpoints.py."""
+    """Average the last k update checkpoints with fairseq-rope-average."""
     found = [p for p in os.listdir(save_dir) if re.match(r"^checkpoint_\d+_\d+\.pt$", p)]
     n = min(k, len(found))
     if n == 0:
         shutil.copy(save_dir / "checkpoint_last.pt", output)
         return 1
-    run_logged([sys.executable, REPO / "scripts" / "average_checkpoints.py", "--inputs", save_dir,
+    run_logged(["fairseq-rope-average", "--inputs", save_dir,
                 "--num-update-checkpoints", n, "--output", output], log_path)
     return n
 
@@ -230,7 +229,7 @@ def decode(args, data, checkpoint, overrides, log_path, name, slot):
     tokenized, subwords removed."""
     expected = max(end or 0 for _, end in data.groups.values())  # 0: a --data-bin subset of unknown size
     decoding = Decoding(name, expected)
-    cmd = ["fairseq-generate", data.data_bin, "--user-dir", REPO / "fairseq_rope", "--path", checkpoint,
+    cmd = ["fairseq-generate", data.data_bin, "--user-dir", plugin_dir(), "--path", checkpoint,
            "--source-lang", args.source_lang, "--target-lang", args.target_lang, "--gen-subset", args.gen_subset,
            "--beam", args.beam, "--lenpen", args.lenpen, "--max-len-a", args.max_len_a, "--max-len-b", args.max_len_b,
            "--batch-size", args.batch_size, "--num-workers", "0",

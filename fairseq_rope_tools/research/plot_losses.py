@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot training and validation loss per update from a fairseq-train log (``--log-format simple``).
 
-    python scripts/plot_losses.py work/quickstart/checkpoints/transformer_rope_tiny/train.log \\
+    fairseq-rope-plot-losses work/quickstart/checkpoints/transformer_rope_tiny/train.log \\
         --output loss.png [--label RoPE] [--log other/train.log --label baseline]
 
 Reads the ``train_inner`` lines (``loss=..., num_updates=...``) and the ``valid on 'valid'
@@ -15,8 +15,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import write_atomically  # noqa: E402
+from fairseq_rope_tools.files import write_atomically
 
 TRAIN_RE = re.compile(r"\btrain_inner\b.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
 VALID_RE = re.compile(r"valid on '([^']+)' subset\b.*?\| loss ([0-9.]+) \|.*?\| num_updates (\d+)")

@@ -1,17 +1,14 @@
-"""The report of scripts/compare_position_encodings.py: scores over seeds, significance tests
-against the baseline (scripts/significance.py), results.md, results.json and the plots."""
+"""The report of fairseq-rope-compare: scores over seeds, significance tests
+against the baseline (fairseq_rope_tools/research/significance.py), results.md, results.json and the plots."""
 
 import json
 import math
-import os
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import significance  # noqa: E402
-from common import write_atomically, write_text_atomically  # noqa: E402
-from text_lines import read_lines  # noqa: E402
+from fairseq_rope_tools.files import write_atomically, write_text_atomically
+from fairseq_rope_tools.research import significance
+from fairseq_rope_tools.text_lines import read_lines
 
 METRICS = {"bleu": "tok_bleu", "sacrebleu": "sacrebleu", "chrf": "chrf"}  # result.json key -> test key
 
@@ -48,7 +45,7 @@ def test_significance(args, data, results, groups):
             detok[row] = read_lines(run_dir(variant) / f"hyp{suffix}.detok.txt")
         refs_raw = data.refs_raw
         if refs_raw is None:
-            from score_bleu import moses_detokenize
+            from fairseq_rope_tools.checkpoints.score_bleu import moses_detokenize
 
             refs_raw = moses_detokenize(refs_tok, args.target_lang)
         order = [baseline] + [row for row in hyps if row != baseline]
@@ -102,7 +99,7 @@ def markdown(args, report):
         f"{args.lenpen}, at most {args.max_len_a:g} x source + {args.max_len_b} tokens"
         + (f"; extra fairseq-generate arguments `{' '.join(args.generate_args)}`" if args.generate_args else "") + ".",
         "",
-        "Scores (scripts/score_bleu.py): **tok BLEU** -- tokenized BLEU with compound splitting, the convention of the "
+        "Scores (fairseq-rope-score): **tok BLEU** -- tokenized BLEU with compound splitting, the convention of the "
         f"published WMT14 En-De numbers; **sacreBLEU** -- detokenized, `{signatures.get('sacrebleu', 'n/a')}`; "
         f"**chrF++** -- `{signatures.get('chrf', 'n/a')}`. References for sacreBLEU and chrF++: {report['references']}.",
         "",

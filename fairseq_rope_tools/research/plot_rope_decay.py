@@ -2,18 +2,15 @@
 """Redraw RoFormer's Fig. 2: the relative upper bound of the RoPE inner product against the
 relative distance (Section 3.4.3, eqs. 35-37), straight from the formula.
 
-Usage: ``python scripts/plot_rope_decay.py --out rope_decay.png [--dim 128] [--max-distance 256]``
+Usage: ``fairseq-rope-plot-decay --out rope_decay.png [--dim 128] [--max-distance 256]``
 """
 
 import argparse
 import logging
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fairseq_rope.modules.rotary import inverse_frequencies  # noqa: E402
+from fairseq_rope.modules.rotary import inverse_frequencies
 
 
 def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 10000.0):

@@ -1,0 +1,133 @@
+"""What the tools' command lines share: argument parsing, messages, a SIGTERM that cleans up,
+and running fairseq's console scripts with their output logged line by line.
+
+Standard library only, like :mod:`fairseq_rope_tools.files`.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import re
+import signal
+import sys
+from typing import Callable, Optional
+
+
+def sayer(tool: str) -> Callable[[str], None]:
+    """``say(message)``: ``[TOOL] MESSAGE`` on stderr, a tool's notes and progress kept apart from
+    its output."""
+
+    def say(message: str) -> None:
+        print(f"[{tool}] {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """Within the block, SIGTERM (a scheduler's cancel, ``kill``) unwinds like Ctrl-C: ``finally``
+    clauses run, so no temporary file or directory is left behind."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def plugin_dir() -> str:
+    """The directory of the installed plugin, for fairseq's ``--user-dir`` (found without
+    importing it, which would load torch and fairseq)."""
+    return importlib.util.find_spec("fairseq_rope").submodule_search_locations[0]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, saying what to do when a value starts with ``-``: argparse takes it for an
+    option and stops with 'expected one argument', which reads as if the value were missing."""
+
+    def error(self, message):
+        if re.search(r"expected (one|at least one) argument", message):
+            message += (" (a value that starts with '-' is read as an option: write it as --flag=VALUE, "
+                        "or a path such as -x as ./-x)")
+        elif message.startswith("unrecognized arguments: -"):
+            message += " (an input file whose name starts with '-' is given as ./NAME)"
+        super().error(message)
+
+
+# --- running fairseq's console scripts ------------------------------------------------------
+# fairseq-train / -generate / -preprocess run as a user would run them, with this Python's
+# environment first on PATH, and their output goes to a log file line by line as it comes, so a
+# long training can be followed (tail -f, or an ``on_line`` callback) while it runs.
+
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+class CommandFailed(RuntimeError):
+    """A command exited with a non-zero status; the message names it, the status and its log."""
+
+
+# the commands run_logged is waiting for, from any thread, so that a caller running several at
+# once can stop them all when it is interrupted (terminate_running)
+_running = set()
+
+
+def terminate_running() -> None:
+    """Terminate every command that run_logged is running (their run_logged calls then raise
+    CommandFailed)."""
+    for proc in list(_running):
+        proc.terminate()
+
+
+def command_env(extra: Optional[dict] = None) -> dict:
+    """os.environ with this environment's bin/ first on PATH, unbuffered Python output and
+    ``extra`` on top."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra or {})
+    return env
+
+
+def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Optional[str] = None,
+               on_line: Optional[Callable[[str], None]] = None, tail_lines: int = 15) -> None:
+    """Run ``cmd`` (a console script of this environment such as ``fairseq-train``, or any
+    program) with stdout and stderr written to ``log_path`` as they come; its first line is the
+    command. Each output line (without its newline) is also passed to ``on_line``. Raises
+    CommandFailed naming the command (``name``, default its program), with the last
+    ``tail_lines`` lines and the log's path, if it exits non-zero; the command is terminated if
+    the caller is interrupted or ``on_line`` raises."""
+    import shlex
+    import subprocess
+
+    program = os.path.join(BIN_DIR, str(cmd[0]))
+    cmd = [program if os.path.isfile(program) else str(cmd[0]), *map(str, cmd[1:])]
+    tail = []
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=command_env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+        _running.add(proc)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                line = line.rstrip("\n")
+                tail = (tail + [line])[-tail_lines:]
+                if on_line is not None:
+                    on_line(line)
+            status = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
+            _running.discard(proc)
+            proc.stdout.close()
+    if status != 0:
+        shown = "\n".join("    " + line for line in tail)
+        raise CommandFailed(f"{name or os.path.basename(cmd[0])} exited with status {status}; its last lines:\n"
+                            f"{shown}\nfull log: {log_path}")

@@ -1,0 +1,245 @@
+"""Writes that leave either the old file or directory or the complete new one, never a part.
+
+Standard library only: the plugin's checkpoint writes and the tools that must not load torch
+(the recipe's text steps, translation with CTranslate2) share it.
+"""
+
+import ctypes
+import errno
+import glob
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional
+
+
+def write_atomically(path, write) -> None:
+    """``write(tmp_path)``, then fsync and rename onto ``path``. The temporary file is a hidden
+    ``.NAME.XXXX.tmp`` in the same directory (the rename cannot cross file systems, and no
+    checkpoint or corpus pattern matches it); it is removed on any exception, KeyboardInterrupt
+    and SystemExit included, and a later write of ``path`` removes what a SIGKILL left. A full
+    disk is reported with the path. A symlink stays a symlink: its target is what is replaced
+    (as ``open(path, "w")`` would write through it), with the temporary file beside the target."""
+    named = os.path.abspath(os.fspath(path))  # as the caller named it, for the message
+    path = os.path.realpath(named)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp creates 0600; give the usual file mode
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if _is_disk_full(e):
+            raise OSError(errno.ENOSPC, f"no space left on device while writing {named}") from e
+        raise
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)  # the rename itself survives a power cut
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    remove_stale_temporaries(path)
+
+
+def remove_stale_temporaries(path) -> None:
+    """Delete what a killed write of ``path`` left behind (SIGKILL runs no clean-up)."""
+    path = os.path.abspath(os.fspath(path))
+    pattern = os.path.join(glob.escape(os.path.dirname(path)), f".{glob.escape(os.path.basename(path))}.*.tmp")
+    for stale in glob.glob(pattern):
+        try:
+            os.unlink(stale)
+        except FileNotFoundError:
+            pass
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    # torch.save reports ENOSPC as a RuntimeError ("... unexpected pos ..."), without errno
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
+
+
+def write_lines_atomically(path, lines: Iterable[str]) -> int:
+    """Write ``lines`` (without their ``\\n``) as UTF-8 text with ``\\n`` line ends, atomically;
+    returns how many were written."""
+    count = 0
+
+    def write(tmp):
+        nonlocal count
+        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            for line in lines:
+                out.write(line + "\n")
+                count += 1
+
+    write_atomically(path, write)
+    return count
+
+
+def write_text_atomically(path, text: str) -> None:
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+
+    write_atomically(path, write)
+
+
+def write_lines(path: Optional[str], lines: Iterable[str]) -> int:
+    """:func:`write_lines_atomically`, or standard output when ``path`` is None."""
+    if path is not None:
+        return write_lines_atomically(path, lines)
+    count = 0
+    for line in lines:
+        sys.stdout.write(line + "\n")
+        count += 1
+    sys.stdout.flush()
+    return count
+
+
+# --- a directory of files written as one ----------------------------------------------------
+# A parallel corpus is several files whose lines belong together: new English next to old German
+# is a corpus that looks fine and pairs every sentence with the wrong translation. So the files
+# are all written into a hidden directory beside the output directory, which then takes the
+# output directory's place in one rename.
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the paths ``a`` and ``b`` in one step (Linux renameat2 RENAME_EXCHANGE); False where
+    the system or the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _fsync_tree(directory: str) -> None:
+    for parent, _, files in os.walk(directory):
+        for name in files + ["."]:
+            fd = os.open(os.path.join(parent, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def replace_directory(directory, write, carry=()) -> None:
+    """Make ``directory`` hold exactly what ``write(tmp)`` writes into ``tmp``, all of it or none.
+
+    ``tmp`` is a hidden ``.NAME.XXXX.tmp`` beside ``directory`` (same file system); when
+    ``write`` has returned, ``tmp`` takes ``directory``'s place in one rename -- an existing
+    ``directory`` is swapped with it in one step (renameat2 RENAME_EXCHANGE, Linux), then
+    deleted. A reader, or a failure at any point, therefore sees the complete old directory or
+    the complete new one, never some new files beside old ones. (Where the system cannot swap,
+    the old directory is renamed aside first: for that instant there is none, never a mix.) The
+    entries named in ``carry`` (a download cache) are moved from the old directory into the new
+    one before the swap, and back if it fails. Everything else of the old directory is deleted:
+    callers check first that it holds only what they write (:func:`replaced_dir_problem`). ``tmp`` is
+    removed on any exception; a later call removes what a SIGKILL left."""
+    directory = os.path.realpath(directory)  # a symlinked directory: its target is replaced, the link kept
+    parent, name = os.path.split(directory)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    carried, delete = [], tmp  # delete: the new files after a failure, else the old directory
+    try:
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; give the usual mode
+        write(tmp)
+        _fsync_tree(tmp)
+        if not os.path.isdir(directory):
+            os.rename(tmp, directory)
+        else:
+            for entry in carry:
+                if os.path.lexists(os.path.join(directory, entry)):
+                    os.rename(os.path.join(directory, entry), os.path.join(tmp, entry))
+                    carried.append(entry)
+            delete = tmp if _exchange(tmp, directory) else _rename_aside_and_in(tmp, directory)
+            carried = []  # the new directory holds them now
+    except BaseException:
+        for entry in carried:
+            os.rename(os.path.join(tmp, entry), os.path.join(directory, entry))
+        raise
+    finally:
+        shutil.rmtree(delete, ignore_errors=True)
+    fd = os.open(parent, os.O_RDONLY)  # the rename itself survives a power cut
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for stale in _hidden_temporaries(directory):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _rename_aside_and_in(tmp: str, directory: str) -> str:
+    """Where the system cannot swap: ``directory`` into a hidden directory beside it, then
+    ``tmp`` in its place (or the old one back); returns the hidden directory."""
+    parent, name = os.path.split(directory)
+    aside = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    os.rename(directory, os.path.join(aside, "old"))
+    try:
+        os.rename(tmp, directory)
+    except BaseException:
+        os.rename(os.path.join(aside, "old"), directory)
+        os.rmdir(aside)
+        raise
+    return aside
+
+
+def _hidden_temporaries(directory):
+    """What killed :func:`replace_directory` calls for ``directory`` left beside it."""
+    parent, name = os.path.split(directory)
+    return glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.*.tmp"))
+
+
+def replaced_dir_problem(flag: str, path, tool: str, written) -> Optional[str]:
+    """Why ``tool`` cannot replace the directory ``path`` (given with ``flag``) as a whole with
+    :func:`replace_directory`, as one line, or None: :func:`output_dir_problem`, or it holds an
+    entry for which ``written(name)`` is false -- not what the tool writes, so not its to delete.
+    The hidden temporaries of an interrupted atomic write are the tool's."""
+    problem = output_dir_problem(flag, path, replaced=True)
+    if problem or not os.path.isdir(path):
+        return problem
+    foreign = sorted(n for n in os.listdir(path) if not written(n) and not (n.startswith(".") and n.endswith(".tmp")))
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+    return (f"{flag} {path} holds {shown}, which {tool} does not write: it replaces the directory as a whole; "
+            "give a new or empty directory")
+
+
+def output_dir_problem(flag: str, path, replaced: bool = False) -> Optional[str]:
+    """Why the output directory ``path`` (given with ``flag``) cannot be written, as one line, or
+    None: it is a file, or it or the directory it would be made in is not writable. With
+    ``replaced`` (:func:`replace_directory`), the directory it is in must be writable too."""
+    shown, path = path, Path(os.path.realpath(path))
+    if path.exists() and not path.is_dir():
+        return f"{flag} {shown} is a file, not a directory: give a directory"
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        return f"{flag} {shown} is not writable: give a directory you can write to"
+    if path.is_dir() and not replaced:
+        return None
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{flag} {shown} cannot be made: {ancestor} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{flag} {shown} cannot be written: {ancestor} is not writable; give a directory you can write to"
+    return None

@@ -1,0 +1,77 @@
+"""The tools' package: every fairseq-rope-* command is installed and starts, nothing is imported
+by its file path, and the tools that must not load torch or fairseq do not."""
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import BIN, REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+COMMANDS = PYPROJECT["project"]["scripts"]
+
+# Translating with CTranslate2 and the recipe's text steps run where torch is not wanted (a
+# deploy machine, a data-preparation job): these modules, and whatever they import, must not
+# import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
+# end to end without them (test_translate_reliability.py).
+TORCH_FREE = (
+    "fairseq_rope_tools.files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines",
+    "fairseq_rope_tools.training_log", "fairseq_rope_tools.recipes",
+    "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.data.text_tools",
+    "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
+    "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.research.compare_data",
+    "fairseq_rope_tools.research.compare_report", "fairseq_rope_tools.research.plot_losses",
+)
+
+
+def _python_files(*folders):
+    for folder in folders:
+        yield from sorted((REPO / folder).rglob("*.py"))
+
+
+def test_every_command_is_installed_and_prints_its_help():
+    assert len(COMMANDS) >= 14
+    for command in COMMANDS:
+        proc = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (command, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_tools_that_must_not_load_torch_do_not(module):
+    code = (f"import sys, {module}\n"
+            "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope', 'ctranslate2') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "[]\n", (module, proc.stdout, proc.stderr[-2000:])
+
+
+def test_nothing_is_imported_by_its_path():
+    """No sys.path edits and no module loaded from a file name, anywhere in the project."""
+    offenders = []
+    for path in _python_files("fairseq_rope", "fairseq_rope_tools", "tests", "scripts", "examples"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("spec_from_file_location", "run_path"):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} {node.attr}")
+            if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                    and node.value.id == "sys"):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} sys.path")
+    assert offenders == []
+
+
+def test_scripts_and_examples_hold_no_python():
+    """scripts/ and examples/ hold shell steps that run the installed commands; code that another
+    file imports lives in a package."""
+    assert list(_python_files("scripts", "examples")) == []
+
+
+def test_the_installed_recipe_is_the_checkouts(tmp_path):
+    """The tools run the recipe installed with them (make setup copies it from examples/)."""
+    code = ("from fairseq_rope_tools.recipes import recipe_step\n"
+            "print(recipe_step('wmt14_en_de', 'train.sh').parent)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    installed = Path(proc.stdout.strip())
+    assert installed != REPO / "examples" / "wmt14_en_de", "the recipe is not installed: run make setup"
+    for step in (REPO / "examples" / "wmt14_en_de").glob("*.sh"):
+        assert (installed / step.name).read_bytes() == step.read_bytes(), f"{step.name} changed: run make setup"
