@@ -19,11 +19,11 @@ _MODEL_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?$")
 
 
-def parse_train_line(line: str):
+def parse_train_line(line: str, subset: str = "valid"):
     """``(kind, {name: number})`` for a train_inner, train or valid line of fairseq-train's log
     (names without their ``train_``/``valid_`` prefix: loss, nll_loss, wps, num_updates, ...),
-    ``("params", {"params": n})`` for the model-size line, else None. Only the ``valid`` subset
-    counts as validation."""
+    ``("params", {"params": n})`` for the model-size line, else None. Only ``subset`` counts
+    as validation (in --log-format simple, which names it; json lines do not)."""
     m = _MODEL_PARAMS.search(line)
     if m:
         return "params", {"params": int(m.group(1).replace(",", ""))}
@@ -43,7 +43,7 @@ def parse_train_line(line: str):
         pairs = (field.split("=", 1) for field in rest.split(", ") if "=" in field)
         pairs = ((name.rsplit(" ", 1)[-1], value) for name, value in pairs)
     else:
-        if kind == "valid" and "valid on 'valid' subset" not in rest:
+        if kind == "valid" and f"valid on '{subset}' subset" not in rest:
             return None
         pairs = (field.split(" ", 1) for field in rest.split(" | ") if " " in field)
     fields = {}
@@ -54,7 +54,7 @@ def parse_train_line(line: str):
     return (kind, fields) if "num_updates" in fields else None
 
 
-def parse_train_log(lines: Iterable[str]) -> dict:
+def parse_train_log(lines: Iterable[str], subset: str = "valid") -> dict:
     """What a fairseq-train log says about the run: ``params`` (None if not logged),
     ``train_curve`` [[update, loss]], ``valid_curve`` [[update, loss, nll_loss]] (for a resumed
     run the last value logged for an update wins), ``valid_loss`` / ``valid_nll_loss`` at the
@@ -68,7 +68,7 @@ def parse_train_log(lines: Iterable[str]) -> dict:
     inner = {"wps": [], "ups": []}
     epoch = {"wps": [], "ups": []}
     for line in lines:
-        parsed = parse_train_line(line)
+        parsed = parse_train_line(line, subset)
         if parsed is None:
             continue
         kind, fields = parsed

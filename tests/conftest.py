@@ -57,29 +57,15 @@ def tiny_data_bin(tmp_path_factory):
 
 
 def build_model(arch="transformer_rope_tiny", *extra_args, vocab_size=30, seed=0):
-    """Build a model in-process exactly as fairseq-train would, from command-line style args."""
-    import torch
-    from fairseq import options
+    """``(model, dictionary, args)``: built in-process exactly as fairseq-train would, from
+    command-line style args, with ``vocab_size`` symbols besides fairseq's special ones."""
     from fairseq.data import Dictionary
 
-    import fairseq_rope  # noqa: F401  (registers transformer_rope)
+    from fairseq_rope_tools.research.models import DictionaryTask, build_model
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser, ["unused-data-dir", "--arch", arch, "--task", "translation", *map(str, extra_args)]
-    )
-    dictionary = Dictionary()
-    for i in range(vocab_size):
-        dictionary.add_symbol(f"w{i}")
-
-    class Task:
-        source_dictionary = target_dictionary = dictionary
-
-    torch.manual_seed(seed)
-    from fairseq import models
-
-    model = models.build_model(args, Task())
-    return model, dictionary, args
+    task = DictionaryTask(len(Dictionary()) + vocab_size)
+    model, args = build_model(arch, task, *extra_args, seed=seed)
+    return model, task.source_dictionary, args
 
 
 def table_cos_sin(rotary, positions, length):

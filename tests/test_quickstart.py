@@ -67,6 +67,7 @@ def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
     )
     train, valid = plot_losses.parse_log(log)
     assert train == {10: 9.75} and valid == {20: 9.01}
+    assert plot_losses.parse_log(log, subset="test")[1] == {20: 1.0}
     png = tmp_path / "out.png"
     plot_losses.main([str(log), str(log), "--label", "a", "--label", "b", "--output", str(png)])
     assert png.read_bytes()[:4] == b"\x89PNG"

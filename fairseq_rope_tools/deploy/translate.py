@@ -52,8 +52,6 @@ from fairseq_rope_tools.text_lines import InputError
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
 
 ENGINES = ("ctranslate2", "fairseq")
-CT2_COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
-                     "int16", "float16", "bfloat16")
 FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 

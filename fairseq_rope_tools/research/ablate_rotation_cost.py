@@ -16,15 +16,9 @@ import time
 
 import torch
 
-from fairseq_rope_tools.research.benchmark_speed import (
-    ARCHS,
-    _Task,
-    build_model,
-    make_batch,
-    page_faults,
-    train_step,
-    use_malloc,
-)
+from fairseq_rope_tools.research.benchmark_speed import ARCHS, build_on, make_batch, train_step
+from fairseq_rope_tools.research.machine import page_faults, use_malloc
+from fairseq_rope_tools.research.models import DictionaryTask
 
 
 def main():
@@ -41,13 +35,13 @@ def main():
 
     from fairseq_rope.modules import RotaryEmbedding
 
-    task = _Task(8000)
+    task = DictionaryTask(8000)
     device = torch.device("cpu")
     batch = make_batch(task, args.tokens_per_batch // args.length, args.length, device)
     stock_arch, rope_arch = ARCHS[args.dim]
     models = {}
     for name, arch in (("stock", stock_arch), ("rope", rope_arch), ("rope, rotation off", rope_arch)):
-        model = build_model(arch, task, device).train()
+        model = build_on(device, arch, task).train()
         models[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
 
     rotate = RotaryEmbedding.rotate

@@ -46,9 +46,10 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_rope_tools.files import write_text_atomically
+from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
 
 # page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests
-from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
+from fairseq_rope_tools.research.models import DictionaryTask, build_model
 from fairseq_rope_tools.research.paired_stats import alternate, pool_ratios, summarise, summarise_counts
 
 ARCHS = {
@@ -67,18 +68,6 @@ MODELS = ("baseline", "rope")
 
 # --------------------------------------------------------------------------------------------
 # models and inputs
-
-
-class _Task:
-    """The two dictionaries are all that ``build_model`` reads from a translation task."""
-
-    def __init__(self, vocab: int):
-        from fairseq.data import Dictionary
-
-        self.source_dictionary = Dictionary()
-        for i in range(vocab - len(self.source_dictionary)):
-            self.source_dictionary.add_symbol(f"w{i}")
-        self.target_dictionary = self.source_dictionary
 
 
 def load_plugin():
@@ -102,18 +91,9 @@ def load_plugin():
     return RotaryMultiheadAttention
 
 
-def build_model(arch: str, task: _Task, device: torch.device, seed: int = 1):
+def build_on(device: torch.device, arch: str, task: DictionaryTask):
     load_plugin()
-    from fairseq import options
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser, ["unused-data-dir", "--task", "translation", "--arch", arch, "--cpu"]
-    )
-    torch.manual_seed(seed)
-    model = ARCH_MODEL_REGISTRY[arch].build_model(args, task)
-    return model.to(device)
+    return build_model(arch, task)[0].to(device)
 
 
 def batch_sentences(tokens_per_batch: int, length: int) -> int:
@@ -121,7 +101,7 @@ def batch_sentences(tokens_per_batch: int, length: int) -> int:
     return max(1, tokens_per_batch // length)
 
 
-def make_batch(task: _Task, sentences: int, length: int, device: torch.device, seed: int = 0):
+def make_batch(task: DictionaryTask, sentences: int, length: int, device: torch.device, seed: int = 0):
     d = task.source_dictionary
     g = torch.Generator().manual_seed(seed)
     low, high = d.nspecial, len(d)
@@ -199,7 +179,7 @@ def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_r
     repetition runs enough steps to last ``min_rep_seconds`` (timed on the baseline)."""
     runs = {}
     for name, arch in zip(MODELS, archs):
-        model = build_model(arch, task, stopwatch.device)
+        model = build_on(stopwatch.device, arch, task)
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         for _ in range(warmup):
@@ -233,7 +213,7 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
     sample = {"net_input": {"src_tokens": batch["src_tokens"], "src_lengths": batch["src_lengths"]}}
     generators = {}
     for name, arch in zip(MODELS, archs):
-        model = build_model(arch, task, stopwatch.device)
+        model = build_on(stopwatch.device, arch, task)
         model.eval()
         generator = SequenceGenerator(
             [model], task.target_dictionary, beam_size=beam,
@@ -307,9 +287,9 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
 
 def memory_child(arch, device, vocab, sentences, length, steps):
     """Build ``arch``, run training steps, print the memory high-water marks as JSON."""
-    task = _Task(vocab)
+    task = DictionaryTask(vocab)
     batch = make_batch(task, sentences, length, device)
-    model = build_model(arch, task, device)
+    model = build_on(device, arch, task)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     if device.type == "cuda":
@@ -490,7 +470,7 @@ def speed_rows(dim, label, faults_label, res):
 
 def run_benchmarks(args, device, stopwatch):
     """Every measurement ``args`` asks for: (results by JSON key, table rows)."""
-    task = _Task(args.vocab)
+    task = DictionaryTask(args.vocab)
     sentences = batch_sentences(args.tokens_per_batch, args.length)
     results, rows = {}, []
     for dim in args.dims:

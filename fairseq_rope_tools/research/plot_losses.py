@@ -4,36 +4,26 @@
     fairseq-rope-plot-losses work/quickstart/checkpoints/transformer_rope_tiny/train.log \\
         --output loss.png [--label RoPE] [--log other/train.log --label baseline]
 
-Reads the ``train_inner`` lines (``loss=..., num_updates=...``) and the ``valid on 'valid'
-subset`` lines (``| loss ... | num_updates ...``). When a log holds a resumed run, the last
-value logged for an update wins. Writes a PNG with matplotlib's Agg backend (no display needed)
+Reads the ``train_inner`` lines and the validation lines of ``--subset`` with
+:func:`fairseq_rope_tools.training_log.parse_train_log`: for a resumed run, the last value logged
+for an update wins. Writes a PNG with matplotlib's Agg backend (no display needed)
 and prints its path.
 """
 
 import argparse
 import os
-import re
 import sys
 
 from fairseq_rope_tools.files import write_atomically
-
-TRAIN_RE = re.compile(r"\btrain_inner\b.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+)")
-VALID_RE = re.compile(r"valid on '([^']+)' subset\b.*?\| loss ([0-9.]+) \|.*?\| num_updates (\d+)")
+from fairseq_rope_tools.training_log import parse_train_log
 
 
 def parse_log(path, subset="valid"):
     """Return ({update: train loss}, {update: valid loss}) from a fairseq-train log."""
-    train, valid = {}, {}
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = TRAIN_RE.search(line)
-            if m:
-                train[int(m.group(2))] = float(m.group(1))
-                continue
-            m = VALID_RE.search(line)
-            if m and m.group(1) == subset:
-                valid[int(m.group(3))] = float(m.group(2))
-    return dict(sorted(train.items())), dict(sorted(valid.items()))
+        parsed = parse_train_log(f, subset)
+    return ({update: loss for update, loss in parsed["train_curve"]},
+            {update: loss for update, loss, _ in parsed["valid_curve"]})
 
 
 def plot(runs, output, title=None):
