@@ -418,7 +418,8 @@ def main(argv=None):
     p.add_argument("--rope-scaling-original-length", type=int)
     args = p.parse_args(argv)
     overrides = {name: getattr(args, name) for name in
-                 ("rope_scaling", "rope_scaling_factor", "rope_scaling_original_length") if getattr(args, name) is not None}
+                 ("rope_scaling", "rope_scaling_factor", "rope_scaling_original_length")
+                 if getattr(args, name) is not None}
     if not os.path.isfile(args.checkpoint):
         p.exit(2, f"{p.prog}: error: --checkpoint {args.checkpoint} is not a file\n")
     if not os.path.isdir(args.data_bin):

@@ -494,7 +494,8 @@ def check_setup(args):
         raise Refused(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
                       "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
     if args.bpe_type is not None and args.bpe_type not in BPE_TYPES:
-        raise Refused(f"{args.data_bin}/bpe_type: unknown BPE kind {args.bpe_type!r} (expected {' or '.join(BPE_TYPES)})")
+        raise Refused(f"{args.data_bin}/bpe_type: unknown BPE kind {args.bpe_type!r} "
+                      f"(expected {' or '.join(BPE_TYPES)})")
     if args.input_format == "raw" and not (work_dir / "bpe" / ".done").is_file():
         raise Refused(f"--work-dir {work_dir} has no complete bpe/ step (bpe/.done): run prepare.sh first")
 

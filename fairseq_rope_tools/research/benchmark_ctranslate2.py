@@ -149,7 +149,8 @@ def export(checkpoint, data_bin, out_dir, quantization):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path)
     p.add_argument("--data-bin", type=Path)
     p.add_argument("--out-dir", type=Path)
@@ -210,7 +211,8 @@ def main(argv=None):
                   f"{rows[-1]['sentences_per_s']:8.1f} sent/s  x{rows[-1]['speedup']:<5}  BLEU {rows[-1]['bleu']}",
                   file=sys.stderr)
 
-    header = ("| engine | weights | backend | threads | sentences/s | tokens/s | speed-up | BLEU | identical to fairseq |\n"
+    header = ("| engine | weights | backend | threads | sentences/s | tokens/s | speed-up | BLEU | "
+              "identical to fairseq |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     table = header + "".join(
         f"| {r['engine']} | {r['compute_type']} | {r['backend'] or '-'} | {r['threads']} | {r['sentences_per_s']} | "

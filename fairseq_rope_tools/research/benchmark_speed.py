@@ -238,8 +238,8 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
 
 def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     """q and k of one base-size self-attention layer rotated as the layer rotates them
-    (``RotaryEmbedding.rotate`` with ``overwrite=True``) against ``copy_`` of the same bytes; both alternate inside every
-    repetition."""
+    (``RotaryEmbedding.rotate`` with ``overwrite=True``) against ``copy_`` of the same bytes; both
+    alternate inside every repetition."""
     rotary_attention = load_plugin()
     device = stopwatch.device
     embed, heads = 512, 8
@@ -264,14 +264,16 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
             dst.copy_(src)
 
     for _ in range(warmup + 2):
-        rot(positions)(); rot(per_sentence)(); copy()
+        rot(positions)()
+        rot(per_sentence)()
+        copy()
     variants = [
         ("self-attention (positions shared by the batch)", rot(positions)),
         ("rotary cross-attention keys (per-sentence positions)", rot(per_sentence)),
     ]
     results = {}
     for label, fn in variants:
-        a, b = alternate(lambda: stopwatch.seconds(copy) / inner, lambda: stopwatch.seconds(fn) / inner, reps)
+        a, b = alternate(lambda: stopwatch.seconds(copy) / inner, lambda fn=fn: stopwatch.seconds(fn) / inner, reps)
         res = summarise(a, b, higher_is_better=False)
         res.update(unit="ms", shape=[length, sentences, embed], bytes=2 * q.numel() * q.element_size())
         for key in MODELS:
@@ -386,7 +388,7 @@ def read_reports(paths):
             report = json.loads(Path(path).read_text())
             results = report["results"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})")
+            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})") from None
         reports.append((path, report, results))
     return reports
 

@@ -86,7 +86,8 @@ def split_by_length(train, valid, test, limit):
     train, valid = [r for r in train if short(r)], [r for r in valid if short(r)]
     if not train or not valid:
         raise InputError(f"--length-split {limit} leaves no training or validation pairs")
-    groups = [(f"test <= {limit}", [r for r in test if short(r)]), (f"test > {limit}", [r for r in test if not short(r)]),
+    groups = [(f"test <= {limit}", [r for r in test if short(r)]),
+              (f"test > {limit}", [r for r in test if not short(r)]),
               ("test x2", concatenated(test, 2)), ("test x3", concatenated(test, 3))]
     return train, valid, [(name, rows) for name, rows in groups if rows]
 
@@ -124,7 +125,8 @@ def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
 def from_raw_dir(args, log):
     src, tgt = args.source_lang, args.target_lang
     train, valid, test = ([(" ".join(a), " ".join(b), " ".join(a), " ".join(b), None)
-                           for a, b in read_pairs(args.raw_dir, split, src, tgt)] for split in ("train", "valid", "test"))
+                           for a, b in read_pairs(args.raw_dir, split, src, tgt)]
+                          for split in ("train", "valid", "test"))
     train, valid, groups = split_by_length(train, valid, test, args.length_split)
     data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt)
     log(f"binarized {len(train)} train / {len(valid)} valid pairs; test groups "
@@ -145,7 +147,8 @@ def from_prepared_dir(args, work_dir, log):
     if not (prepared_bin / f"test.{src}-{tgt}.{src}.idx").is_file():
         raise InputError(f"--prepared-dir {work_dir} holds no {src}->{tgt} data-bin: give --source-lang and "
                          "--target-lang as prepare.sh was given --src and --tgt")
-    bpe_type = (prepared_bin / "bpe_type").read_text().strip() if (prepared_bin / "bpe_type").is_file() else "subword_nmt"
+    bpe_type = ((prepared_bin / "bpe_type").read_text().strip() if (prepared_bin / "bpe_type").is_file()
+                else "subword_nmt")
     if bpe_type not in REMOVE_BPE:
         raise InputError(f"{prepared_bin / 'bpe_type'} names an unknown segmentation {bpe_type!r}")
 
@@ -180,7 +183,8 @@ def quickstart_corpus(args, log, valid_size=300, test_size=500):
                 "--test-size", test_size, "--src", args.source_lang, "--tgt", args.target_lang],
                args.out_dir / "generate_corpus.log")
     run_logged(["bash", recipe_step("wmt14_en_de", "prepare.sh"), "--work-dir", prepared,
-                "--train-prefix", corpus / "train", "--valid-prefix", corpus / "valid", "--test-prefix", corpus / "test",
+                "--train-prefix", corpus / "train", "--valid-prefix", corpus / "valid",
+                "--test-prefix", corpus / "test",
                 "--src", args.source_lang, "--tgt", args.target_lang, "--bpe-size", args.corpus_bpe_size,
                 "--workers", args.threads], args.out_dir / "prepare.log",
                env={"PYTHON": sys.executable})

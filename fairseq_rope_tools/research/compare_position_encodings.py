@@ -307,7 +307,8 @@ def run_one(args, data, variant, seed, slot):
         rows = decode(args, data, averaged, wanted_settings["overrides"], run_dir / f"generate{suffix}.log",
                       f"{name}: decoding {args.gen_subset}{suffix}", slot)
         refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]
-        refs_raw = data.refs_raw if data.refs_raw is not None else score_bleu.moses_detokenize(refs_tok, args.target_lang)
+        refs_raw = (data.refs_raw if data.refs_raw is not None
+                    else score_bleu.moses_detokenize(refs_tok, args.target_lang))
         decodes[suffix], detok = score_decode(args, data, rows, refs_tok, refs_raw)
         write_lines_atomically(run_dir / f"hyp{suffix}.tok.txt", (h for _, h, _ in rows))
         write_lines_atomically(run_dir / f"hyp{suffix}.detok.txt", detok)
@@ -446,7 +447,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-updates", type=int, default=None, help="default: max-update / 10")
     p.add_argument("--dropout", type=float, default=None, help="default: the recipe's")
     p.add_argument("--train-args", action="append", default=[], metavar="ARGS",
-                   help="extra fairseq-train arguments, the same for every variant (e.g. --train-args --report-accuracy)")
+                   help="extra fairseq-train arguments, the same for every variant "
+                        "(e.g. --train-args --report-accuracy)")
     p.add_argument("--generate-args", action="append", default=[], metavar="ARGS",
                    help="extra fairseq-generate arguments (e.g. --generate-args --remove-bpe)")
     p.add_argument("--save-interval-updates", type=int, default=None,

@@ -36,8 +36,8 @@ def test_significance(args, data, results, groups):
     every row against the baseline's plain decode of the same seed."""
     baseline = args.variants[0]
     out, signatures = {}, {}
-    for index, seed in enumerate(args.seeds):
-        run_dir = lambda variant: args.out_dir / "runs" / variant / f"seed{seed}"  # noqa: E731
+    for seed in args.seeds:
+        run_dir = lambda variant, seed=seed: args.out_dir / "runs" / variant / f"seed{seed}"  # noqa: E731
         refs_tok = data.refs_tok if data.refs_tok is not None else read_lines(run_dir(baseline) / "ref.tok.txt")
         hyps, detok = {}, {}
         for row, variant, suffix in rows_of(results):
@@ -67,7 +67,8 @@ def build(args, data, results):
             summary.setdefault(group, {})[row] = {
                 key: over_seeds([r["decodes"][suffix][key][group] for r in results[variant]]) for key in METRICS}
     training = {variant: {key: over_seeds([r[key] for r in runs])
-                          for key in ("valid_loss", "tokens_per_second", "train_seconds")} for variant, runs in results.items()}
+                          for key in ("valid_loss", "tokens_per_second", "train_seconds")}
+                for variant, runs in results.items()}
     return {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "groups": groups, "baseline": args.variants[0],
             "references": "the corpus's own" if data.refs_raw is not None else "detokenized from the tokenized text",
@@ -92,7 +93,8 @@ def markdown(args, report):
     signatures = results[baseline][0]["decodes"][""].get("signatures", {})
     lines = [
         "# Position encodings compared", "",
-        f"Trained by `examples/wmt14_en_de/train.sh` with {', '.join(f'{k}={v}' for k, v in report['results'][baseline][0]['settings']['recipe_env'].items())}; "
+        "Trained by `examples/wmt14_en_de/train.sh` with "
+        f"{', '.join(f'{k}={v}' for k, v in report['results'][baseline][0]['settings']['recipe_env'].items())}; "
         f"architecture size `{args.size}`; seeds {', '.join(map(str, args.seeds))}"
         + (f"; extra fairseq-train arguments `{' '.join(args.train_args)}`" if args.train_args else "")
         + f". Average of the last {args.average_last} update checkpoints; beam {args.beam}, length penalty "
@@ -101,7 +103,8 @@ def markdown(args, report):
         "",
         "Scores (fairseq-rope-score): **tok BLEU** -- tokenized BLEU with compound splitting, the convention of the "
         f"published WMT14 En-De numbers; **sacreBLEU** -- detokenized, `{signatures.get('sacrebleu', 'n/a')}`; "
-        f"**chrF++** -- `{signatures.get('chrf', 'n/a')}`. References for sacreBLEU and chrF++: {report['references']}.",
+        f"**chrF++** -- `{signatures.get('chrf', 'n/a')}`. "
+        f"References for sacreBLEU and chrF++: {report['references']}.",
         "",
         "## Training", "",
         "| variant | valid loss | params | train tokens/s | train time (s) |", "|---|---|---|---|---|",
@@ -164,7 +167,8 @@ def plot(args, results):
         updates = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         if updates:
             ax.plot(updates, [statistics.fmean(c[u] for c in curves) for u in updates], marker="o", ms=3, label=variant)
-    ax.set(xlabel="update", ylabel="validation loss (base 2)", title=f"Validation loss, mean over {len(args.seeds)} seed(s)")
+    ax.set(xlabel="update", ylabel="validation loss (base 2)",
+           title=f"Validation loss, mean over {len(args.seeds)} seed(s)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

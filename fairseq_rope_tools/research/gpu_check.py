@@ -8,10 +8,11 @@
 
 1. environment: the GPU (name, compute capability, memory), CUDA, torch, Triton, CTranslate2, fairseq;
 2. kernel: the fused Triton rotation (fairseq_rope/modules/fused_rotary.py) on the device against
-   the rotation from its definition (fairseq_rope/modules/rotation_reference.py), forward and backward, fp32 / fp16 / bf16, both layouts, whole
-   and partial rotation, shared (T,) and per-sentence (B, T) positions, strided inputs, one tensor
-   and the q/k pair: the largest error, absolute and in units in the last place (ulps) of the
-   dtype; it passes within 1e-6 in fp32 and one ulp in fp16 and bf16, the tests' tolerances;
+   the rotation from its definition (fairseq_rope/modules/rotation_reference.py), forward and
+   backward, fp32 / fp16 / bf16, both layouts, whole and partial rotation, shared (T,) and
+   per-sentence (B, T) positions, strided inputs, one tensor and the q/k pair: the largest error,
+   absolute and in units in the last place (ulps) of the dtype; it passes within 1e-6 in fp32 and
+   one ulp in fp16 and bf16, the tests' tolerances;
 3. training: transformer_rope and transformer, trained by the recipe (examples/wmt14_en_de/train.sh)
    on the quickstart corpus (fairseq-rope-generate-corpus, prepared by prepare.sh) for --updates
    updates in fp32 and with --fp16, same seed and batches: train and validation loss side by side
@@ -301,7 +302,7 @@ def device_worker(request):
     sizes = TINY if request["tiny"] else FULL
     out = {}
     for name, section in (("kernel", kernel_section), ("bandwidth", bandwidth_section)):
-        out[name] = guarded(name, lambda: section(request["device"], sizes))
+        out[name] = guarded(name, lambda section=section: section(request["device"], sizes))
     json.dump(out, sys.stdout)
 
 
@@ -312,7 +313,8 @@ def device_sections(device, tiny, log_path):
     env.pop("TRITON_INTERPRET", None)
     if tiny:
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--device-worker", json.dumps({"device": device, "tiny": tiny})],
+    request = json.dumps({"device": device, "tiny": tiny})
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--device-worker", request],
                           capture_output=True, text=True, env=env)
     Path(log_path).write_text(proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
@@ -716,7 +718,8 @@ def main(argv=None):
             p.exit(1, f"{p.prog}: error: preparing the quickstart corpus failed: {e}\n")
 
     started = time.time()
-    report = {"tiny": args.tiny, "command": [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)],
+    report = {"tiny": args.tiny,
+              "command": [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)],
               **run_checks(args, device, sizes, out_dir, data_bin_ready)}
     report["verdicts"] = verdicts(report)
     report["seconds"] = round(time.time() - started, 1)

@@ -73,7 +73,8 @@ def main(argv=None):
         if not train and not valid:
             sys.exit(f"error: no train_inner or valid lines in {path}; was it written by fairseq-train "
                      "with --log-format simple?")
-        label = args.label[i] if i < len(args.label) else (os.path.basename(os.path.dirname(path)) if len(logs) > 1 else "")
+        label = (args.label[i] if i < len(args.label)
+                 else os.path.basename(os.path.dirname(path)) if len(logs) > 1 else "")
         runs.append((label, train, valid))
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)
