@@ -117,13 +117,14 @@ class PositionalTransformerModel(TransformerModel):
     to the token embeddings."""
 
     attention_factory = AttentionFactory
-    #: (flag, argparse keyword arguments) of every option the model adds to fairseq's Transformer
-    options = ()
+    #: () -> (flag, argparse keyword arguments) of every option the model adds to fairseq's
+    #: Transformer; called by add_args, so that choices and help are read when the parser is built
+    options = staticmethod(tuple)
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        for flag, kwargs in cls.options:
+        for flag, kwargs in cls.options():
             parser.add_argument(flag, **kwargs)
 
     @classmethod

@@ -24,9 +24,8 @@ from ..model_options import (
     check_finite_positive,
 )
 from ..modules.linear_rotary_attention import LinearRotaryAttention
-from ..modules.rotary import (
-    DYNAMIC_SCALINGS, LAYOUTS, LENGTH_SCALINGS, SCALINGS, check_layout, check_scaling, rotary_dim_for,
-)
+from ..modules.rope_scaling import check_scaling, scaling_help, scaling_names, scaling_spec
+from ..modules.rotary import LAYOUTS, check_layout, rotary_dim_for
 from ..modules.rotary_embedding import shared_rotary_embedding
 from ..modules.rotary_multihead_attention import RotaryMultiheadAttention
 from ..training_lengths import TrainingLengths, recorded_training_length
@@ -57,7 +56,7 @@ def training_length(args) -> int:
 class RotaryAttentions(AttentionFactory):
     @property
     def needs_source_lengths(self) -> bool:
-        return self.args.rope_scaling in DYNAMIC_SCALINGS
+        return scaling_spec(self.args.rope_scaling).per_sentence
 
     def rotary_embedding(self, embed_dim: int, num_heads: int):
         """The rotation of every attention with this head size: one object, shared."""
@@ -79,39 +78,36 @@ class RotaryAttentions(AttentionFactory):
         return RotaryMultiheadAttention(embed_dim, num_heads, rotary=self.rotary_embedding(embed_dim, num_heads), **kwargs)
 
 
-# What transformer_rope adds to fairseq's Transformer. No defaults here: the architecture
-# functions below set them (fairseq's convention).
-ROPE_OPTIONS = (
-    ("--rope-theta", dict(type=float, metavar="D",
-                          help="RoPE base: theta_i = D^(-2(i-1)/d) (default: 10000)")),
-    ("--rope-fraction", dict(type=float, metavar="F",
-                             help="share of each head's dimensions that rotate, in (0, 1]; the rest "
-                                  "carry no position (default: 1.0)")),
-    ("--rope-layout", dict(choices=LAYOUTS,
-                           help="interleaved: adjacent pairs, the paper's block-diagonal R; half: "
-                                "GPT-NeoX rotate_half (default: interleaved)")),
-    ("--rope-cross-attention", dict(action="store_true",
-                                    help="also rotate encoder-decoder attention: queries by target "
-                                         "position, keys by source position (off, as in the paper)")),
-    ("--rope-values", dict(action="store_true",
-                           help="RoPER: also rotate values by their key position and the self-attention "
-                                "output back by the query position, so value j enters query i as R(j-i) v_j")),
-    ("--attention-kind", dict(choices=ATTENTION_KINDS,
-                              help="softmax, or linear: RoPE with linear attention (RoFormer eq. 19, elu+1 "
-                                   "features) in encoder and decoder self-attention (default: softmax)")),
-    ("--rope-scaling", dict(choices=SCALINGS,
-                            help="frequency scaling to run on inputs longer than in training: linear "
-                                 "(position interpolation), ntk, yarn; dynamic-ntk, dynamic-yarn: factor "
-                                 "max(1, source length / L) per sentence; usually set at generate time with "
-                                 "--model-overrides (default: none)")),
-    ("--rope-scaling-factor", dict(type=float, metavar="S",
-                                   help="length extension factor s >= 1 for --rope-scaling (default: 1)")),
-    ("--rope-scaling-original-length", dict(type=int, metavar="L",
-                                            help="L, the training length (tokens) of --rope-scaling yarn "
-                                                 "and dynamic-*; overrides the one the checkpoint records: "
-                                                 "the length 99%% of training sequences do not exceed "
-                                                 "(default: 0, unset)")),
-)
+def rope_options():
+    """What transformer_rope adds to fairseq's Transformer. No defaults here: the architecture
+    functions below set them (fairseq's convention)."""
+    return (
+        ("--rope-theta", dict(type=float, metavar="D",
+                              help="RoPE base: theta_i = D^(-2(i-1)/d) (default: 10000)")),
+        ("--rope-fraction", dict(type=float, metavar="F",
+                                 help="share of each head's dimensions that rotate, in (0, 1]; the rest "
+                                      "carry no position (default: 1.0)")),
+        ("--rope-layout", dict(choices=LAYOUTS,
+                               help="interleaved: adjacent pairs, the paper's block-diagonal R; half: "
+                                    "GPT-NeoX rotate_half (default: interleaved)")),
+        ("--rope-cross-attention", dict(action="store_true",
+                                        help="also rotate encoder-decoder attention: queries by target "
+                                             "position, keys by source position (off, as in the paper)")),
+        ("--rope-values", dict(action="store_true",
+                               help="RoPER: also rotate values by their key position and the self-attention "
+                                    "output back by the query position, so value j enters query i as R(j-i) v_j")),
+        ("--attention-kind", dict(choices=ATTENTION_KINDS,
+                                  help="softmax, or linear: RoPE with linear attention (RoFormer eq. 19, elu+1 "
+                                       "features) in encoder and decoder self-attention (default: softmax)")),
+        ("--rope-scaling", dict(choices=scaling_names(), help=scaling_help() + " (default: none)")),
+        ("--rope-scaling-factor", dict(type=float, metavar="S",
+                                       help="length extension factor s >= 1 for --rope-scaling (default: 1)")),
+        ("--rope-scaling-original-length", dict(type=int, metavar="L",
+                                                help="L, the training length (tokens) of --rope-scaling yarn "
+                                                     "and dynamic-*; overrides the one the checkpoint records: "
+                                                     "the length 99%% of training sequences do not exceed "
+                                                     "(default: 0, unset)")),
+    )
 
 
 @register_model("transformer_rope")
@@ -119,13 +115,13 @@ class TransformerRopeModel(PositionalTransformerModel):
     """Transformer (Vaswani et al., 2017) with rotary position embedding (Su et al., 2021)."""
 
     attention_factory = RotaryAttentions
-    options = ROPE_OPTIONS
+    options = staticmethod(rope_options)
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         model.training_lengths = TrainingLengths(args)  # saved by checkpoints.py
-        if args.rope_scaling in LENGTH_SCALINGS:
+        if scaling_spec(args.rope_scaling).needs_training_length:
             source = ("--rope-scaling-original-length" if args.rope_scaling_original_length
                       else "recorded in training")
             logger.info(f"--rope-scaling {args.rope_scaling}: L = {training_length(args)} tokens ({source})")

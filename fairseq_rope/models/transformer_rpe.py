@@ -23,11 +23,11 @@ class TransformerRpeModel(PositionalTransformerModel):
     """Transformer with relative position representations (Shaw et al., 2018)."""
 
     attention_factory = RelativeAttentions
-    options = (
+    options = staticmethod(lambda: (
         ("--rpe-max-distance", dict(type=int, metavar="K",
                                     help="relative distances are clipped to [-K, K]; 2K+1 learned key "
                                          "and value vectors per layer (default: 16)")),
-    )
+    ))
 
 def _rpe_architecture(args, transformer_architecture):
     define_architecture(
