@@ -26,10 +26,9 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from .atomic_files import write_atomically
-from .model_options import (
-    INFERENCE_OPTIONS, check_model_overrides, check_resumed_model, config_value, is_plugin_option, option_flag,
-    model_config, trained_model_differences,
-)
+from .config_values import config_value
+from .model_options import check_model_overrides, check_resumed_model, model_config, trained_model_differences
+from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
 from .save_dir_lock import lock_save_dir
 from .training_lengths import COUNTS, TrainingLengths
 
@@ -149,11 +148,11 @@ def _resume_falls_back(load_checkpoint):
 
 def _overrides_checked(load_checkpoint_to_cpu):
     def load_checkpoint_to_cpu_checked(path, arg_overrides=None, load_on_all_ranks=False):
-        plugin = {k: v for k, v in (arg_overrides or {}).items() if is_plugin_option(k)}
+        plugin = {k: v for k, v in (arg_overrides or {}).items() if resembles_plugin_option(k)}
         if plugin:
             # an allowed override of a trained option restates its value: applying it is a no-op
             arg_overrides = {k: v for k, v in arg_overrides.items() if k not in plugin}
-            arg_overrides.update({k: v for k, v in plugin.items() if k in INFERENCE_OPTIONS})
+            arg_overrides.update({k: v for k, v in plugin.items() if k in options_with_role(INFERENCE)})
         state = load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
         if plugin:
             check_model_overrides(model_config(state), plugin, path)

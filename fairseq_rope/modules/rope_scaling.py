@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from torch import Tensor
 
-from ..model_options import OptionError
+from ..config_values import OptionError
 from .rotary import linear_frequencies, ntk_frequencies, unscaled_frequencies, yarn_frequencies
 
 PER_SENTENCE_REFUSAL = "the factor is chosen per sentence, and CTranslate2 has one rotary scaling for every sentence"

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..model_options import OptionError
+from ..config_values import OptionError
 
 LAYOUTS = ("interleaved", "half")
 
