@@ -1,7 +1,10 @@
 """Values of a model configuration: reading one, and the errors a bad one raises. Shared by
 every part of the plugin (the modules, the option table, the checkpoint rules)."""
 
+import atexit
 import math
+import os
+import sys
 
 
 class OneLineError(Exception):
@@ -10,6 +13,23 @@ class OneLineError(Exception):
 
 class OptionError(OneLineError, ValueError):
     """A model option with a value the plugin cannot use; the message names the flag."""
+
+
+def one_line_excepthook(excepthook):
+    """``sys.excepthook`` printing a OneLineError (an OptionError ...) that reaches the top of a
+    command as ``PROG: error: MESSAGE`` with exit code 2, like argparse's errors, instead of a
+    traceback; other exceptions go to ``excepthook``."""
+
+    def print_one_line_errors(exc_type, exc, traceback):
+        if not issubclass(exc_type, OneLineError):
+            return excepthook(exc_type, exc, traceback)
+        sys.stdout.flush()
+        sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
+        sys.stderr.flush()
+        atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
+        os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
+
+    return print_one_line_errors
 
 
 def check_finite_positive(flag: str, value) -> None:

@@ -20,10 +20,6 @@ The plugin's options are declared, with their role, in ``plugin_options``:
   ``--model-overrides``): :func:`check_resumed_model`.
 """
 
-import atexit
-import os
-import sys
-
 from .config_values import OneLineError, OptionError, check_finite_positive, config_value  # noqa: F401  (API)
 from .plugin_options import (  # noqa: F401  (is_plugin_option, option_flag: API)
     INFERENCE, PLUGIN_OPTIONS, RECORDED, TRAINED, is_plugin_option, option_flag, options_with_role, plugin_defaults,
@@ -143,22 +139,3 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
                 f"inference (only {', '.join(sorted(options_with_role(INFERENCE)))} can)"
             )
 
-
-def print_option_errors_as_one_line() -> None:
-    """A OneLineError (an OptionError ...) that reaches the top of a command is printed as
-    ``PROG: error: MESSAGE`` with exit code 2, like argparse's errors, instead of a traceback."""
-    previous = sys.excepthook
-    if getattr(previous, "prints_option_errors", False):
-        return
-
-    def excepthook(exc_type, exc, traceback):
-        if not issubclass(exc_type, OneLineError):
-            return previous(exc_type, exc, traceback)
-        sys.stdout.flush()
-        sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
-        sys.stderr.flush()
-        atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
-        os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
-
-    excepthook.prints_option_errors = True
-    sys.excepthook = excepthook
