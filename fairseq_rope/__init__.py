@@ -1,20 +1,15 @@
 """fairseq-rope: Rotary Position Embedding for fairseq machine translation.
 
-Load with ``--user-dir fairseq_rope``. Importing registers the ``transformer_rope`` model and
-its architectures, allow-lists what fairseq checkpoints need for ``torch.load``, makes
-fairseq's batching keep the last, partial batch (see ``batching``), makes checkpoint writes
-atomic and resumes safe (see ``checkpoints``), and prints bad model options as one line.
+Load with ``--user-dir fairseq_rope``. Importing registers the ``transformer_rope`` and
+``transformer_rpe`` models and their architectures, and installs the plugin's patches
+(``patches``: every change it makes to fairseq, torch and Python, with why): checkpoint types
+allow-listed for ``torch.load``, fairseq's batching keeping the last, partial batch, atomic
+checkpoint writes and safe resumes, and bad model options printed as one line.
 """
 
-from .batching import keep_every_sentence_in_batches
-from .checkpoint_safe_globals import allow_fairseq_checkpoints
-from .checkpoints import make_fairseq_checkpoints_safe
-from .model_options import print_option_errors_as_one_line
+from .patches import install_patches
 
-allow_fairseq_checkpoints()
-keep_every_sentence_in_batches()
-make_fairseq_checkpoints_safe()
-print_option_errors_as_one_line()
+install_patches()
 
 from . import models, modules  # noqa: E402,F401  (register with fairseq)
 

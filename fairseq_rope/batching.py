@@ -3,18 +3,14 @@
 fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size is not a multiple
 of ``--required-batch-size-multiple`` (default 8). For training that loses a few sentences per
 epoch; for ``fairseq-generate`` and validation it silently scores a test set without its last
-sentences (e.g. 3000 of newstest2014's 3003). Importing fairseq_rope wraps the function so that
-batch is kept; batches, their order and their sizes are otherwise unchanged.
+sentences (e.g. 3000 of newstest2014's 3003). Importing fairseq_rope wraps the function
+(``patches``) so that batch is kept; batches, their order and their sizes are otherwise unchanged.
 """
 
 import numpy as np
-from fairseq.data import data_utils
 
 
-def _keep_last_batch(batch_by_size):
-    if getattr(batch_by_size, "keeps_last_batch", False):
-        return batch_by_size
-
+def keep_last_batch(batch_by_size):
     def batch_by_size_keeping_every_sentence(indices, *args, **kwargs):
         if not isinstance(indices, np.ndarray):
             indices = np.fromiter(indices, dtype=np.int64, count=-1)
@@ -25,10 +21,6 @@ def _keep_last_batch(batch_by_size):
             batches = list(batches) + [indices[kept:]]
         return batches
 
-    batch_by_size_keeping_every_sentence.keeps_last_batch = True
     batch_by_size_keeping_every_sentence.__doc__ = batch_by_size.__doc__
     return batch_by_size_keeping_every_sentence
 
-
-def keep_every_sentence_in_batches() -> None:
-    data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)

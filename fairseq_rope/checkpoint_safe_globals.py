@@ -3,14 +3,13 @@
 Since torch 2.6 ``torch.load`` refuses any pickled class that is not allow-listed. fairseq
 checkpoints hold an ``argparse.Namespace`` (the model arguments) and, after ``--eval-bleu`` or
 ``--best-checkpoint-metric`` runs, numpy scalars and small numeric numpy arrays (BLEU n-gram
-counts in the saved meters). We allow exactly those types -- nothing is loaded with
-``weights_only=False``.
+counts in the saved meters). ``patches`` allow-lists exactly those types -- nothing is loaded
+with ``weights_only=False``.
 """
 
 import argparse
 
 import numpy as np
-import torch
 
 
 def _numpy_types():
@@ -25,8 +24,3 @@ def _numpy_types():
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_types()]
 
-
-def allow_fairseq_checkpoints() -> None:
-    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
-    if add_safe_globals is not None:  # torch < 2.4 loads these without an allow-list
-        add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)

@@ -3,7 +3,7 @@
 fairseq 0.12 saves the first checkpoint of a step through ``name.tmp`` and a rename, without an
 fsync, then makes ``checkpoint_last.pt`` and ``checkpoint_best.pt`` by copying it in place: a
 kill during that copy leaves a truncated ``checkpoint_last.pt`` that the next run cannot load.
-Importing the plugin (:func:`make_fairseq_checkpoints_safe`) makes every checkpoint write
+Importing the plugin (``patches``: the functions here wrap fairseq's) makes every checkpoint write
 atomic (hidden temporary file in the same directory, fsync, rename, fsync of the directory),
 lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
 checkpoint, refuses ``--model-overrides`` that would change a trained model, and records in the
@@ -22,14 +22,13 @@ import shutil
 import zipfile
 
 import torch
-from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from fairseq_rope_tools.files import write_atomically
-from .model_options import (
-    INFERENCE_OPTIONS, check_model_overrides, check_resumed_model, config_value, is_plugin_option, option_flag,
-    model_config, trained_model_differences,
-)
+
+from .config_values import config_value
+from .model_options import check_model_overrides, check_resumed_model, model_config, trained_model_differences
+from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
 from .save_dir_lock import lock_save_dir
 from .training_lengths import COUNTS, TrainingLengths
 
@@ -86,7 +85,7 @@ def newest_readable_checkpoint(directory: str, exclude: str):
                                              os.path.getmtime(path)))
 
 
-class _AtomicCopyPathManager(PathManager):
+class AtomicCopyPathManager(PathManager):
     """fairseq's PathManager whose local copies are atomic (used by fairseq's save_checkpoint)."""
 
     @staticmethod
@@ -97,7 +96,7 @@ class _AtomicCopyPathManager(PathManager):
         return True
 
 
-def _torch_persistent_save(torch_persistent_save):
+def atomic_torch_persistent_save(torch_persistent_save):
     def save(obj, filename, async_write: bool = False):
         if async_write or not isinstance(filename, str) or PathManager.path_requires_pathmanager(filename):
             return torch_persistent_save(obj, filename, async_write=async_write)
@@ -147,13 +146,13 @@ def _resume_falls_back(load_checkpoint):
     return load_checkpoint_or_newest_readable
 
 
-def _overrides_checked(load_checkpoint_to_cpu):
+def load_checkpoint_to_cpu_checking_overrides(load_checkpoint_to_cpu):
     def load_checkpoint_to_cpu_checked(path, arg_overrides=None, load_on_all_ranks=False):
-        plugin = {k: v for k, v in (arg_overrides or {}).items() if is_plugin_option(k)}
+        plugin = {k: v for k, v in (arg_overrides or {}).items() if resembles_plugin_option(k)}
         if plugin:
             # an allowed override of a trained option restates its value: applying it is a no-op
             arg_overrides = {k: v for k, v in arg_overrides.items() if k not in plugin}
-            arg_overrides.update({k: v for k, v in plugin.items() if k in INFERENCE_OPTIONS})
+            arg_overrides.update({k: v for k, v in plugin.items() if k in options_with_role(INFERENCE)})
         state = load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
         if plugin:
             check_model_overrides(model_config(state), plugin, path)
@@ -162,7 +161,7 @@ def _overrides_checked(load_checkpoint_to_cpu):
     return load_checkpoint_to_cpu_checked
 
 
-def _records_training_lengths(state_dict):
+def state_dict_recording_training_lengths(state_dict):
     def state_dict_with_training_lengths(trainer):
         lengths = getattr(trainer.get_model(), "training_lengths", None)
         if lengths is not None:
@@ -207,15 +206,13 @@ def _resume_continues_training_lengths(load_checkpoint):
     return load_checkpoint_and_training_lengths
 
 
-def make_fairseq_checkpoints_safe() -> None:
-    if getattr(checkpoint_utils, "checkpoints_made_safe", False):
-        return
-    checkpoint_utils.torch_persistent_save = _torch_persistent_save(checkpoint_utils.torch_persistent_save)
-    checkpoint_utils.PathManager = _AtomicCopyPathManager
-    checkpoint_utils.load_checkpoint = _one_training_per_save_dir(_resume_falls_back(checkpoint_utils.load_checkpoint))
-    checkpoint_utils.load_checkpoint_to_cpu = _overrides_checked(checkpoint_utils.load_checkpoint_to_cpu)
-    from fairseq.trainer import Trainer
+def load_checkpoint_locked_and_recovering(load_checkpoint):
+    """fairseq's ``checkpoint_utils.load_checkpoint`` holding the save dir's lock, and resuming
+    from the newest readable checkpoint when checkpoint_last.pt is unreadable."""
+    return _one_training_per_save_dir(_resume_falls_back(load_checkpoint))
 
-    Trainer.state_dict = _records_training_lengths(Trainer.state_dict)
-    Trainer.load_checkpoint = _resume_continues_training_lengths(_resume_checks_the_model(Trainer.load_checkpoint))
-    checkpoint_utils.checkpoints_made_safe = True
+
+def trainer_load_checkpoint_checked(load_checkpoint):
+    """fairseq's ``Trainer.load_checkpoint`` refusing to resume another model, and continuing
+    the checkpoint's training-length counts."""
+    return _resume_continues_training_lengths(_resume_checks_the_model(load_checkpoint))

@@ -1,4 +1,6 @@
-"""The plugin's model options: their defaults, which ones define a trained model, and their errors.
+"""What a trained model fixes, and what may change: the rules for resumes and ``--model-overrides``.
+
+The plugin's options are declared, with their role, in ``plugin_options``:
 
 * Options that define a trained model (``rope_theta``, ``rope_layout``, ``rpe_max_distance``, ...)
   are fixed by training: ``--model-overrides`` may restate them but never change them, since
@@ -18,33 +20,11 @@
   ``--model-overrides``): :func:`check_resumed_model`.
 """
 
-import atexit
-import math
-import os
-import sys
-
-ROPE_TRAINED_DEFAULTS = {
-    "rope_theta": 10000.0,
-    "rope_fraction": 1.0,
-    "rope_layout": "interleaved",
-    "rope_cross_attention": False,
-    "rope_values": False,
-    "attention_kind": "softmax",
-}
-ROPE_INFERENCE_DEFAULTS = {
-    "rope_scaling": "none",
-    "rope_scaling_factor": 1.0,
-    "rope_scaling_original_length": 0,
-}
-ROPE_RECORDED_DEFAULTS = {"rope_trained_length": 0, "rope_trained_length_counts": None}
-RPE_TRAINED_DEFAULTS = {"rpe_max_distance": 16}
-
-# registered model name -> every option the plugin adds to it, with its default
-PLUGIN_MODEL_OPTIONS = {
-    "transformer_rope": {**ROPE_TRAINED_DEFAULTS, **ROPE_INFERENCE_DEFAULTS, **ROPE_RECORDED_DEFAULTS},
-    "transformer_rpe": dict(RPE_TRAINED_DEFAULTS),
-}
-INFERENCE_OPTIONS = frozenset(ROPE_INFERENCE_DEFAULTS)
+from .config_values import OneLineError, OptionError, check_finite_positive, config_value  # noqa: F401  (API)
+from .plugin_options import (  # noqa: F401  (is_plugin_option, option_flag: API)
+    INFERENCE, PLUGIN_OPTIONS, RECORDED, TRAINED, is_plugin_option, option_flag, options_with_role, plugin_defaults,
+    plugin_models,
+)
 
 # What, besides the plugin's own options, changes what a checkpoint's weights compute.
 COMPUTATION_OPTIONS = (
@@ -62,26 +42,6 @@ COMPUTATION_OPTIONS = (
 )
 
 
-class OneLineError(Exception):
-    """An error whose message names the flag or file and what to do: printed as one line."""
-
-
-class OptionError(OneLineError, ValueError):
-    """A model option with a value the plugin cannot use; the message names the flag."""
-
-
-def fill_defaults(args, defaults) -> None:
-    """Set each option the command line (or an older checkpoint) left unset."""
-    for name, default in defaults.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, default)
-
-
-def check_finite_positive(flag: str, value) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise OptionError(f"{flag} must be a finite positive number, got {value}")
-
-
 def registered_model_name(arch):
     """The fairseq model an architecture belongs to ('transformer_rope' for transformer_rope_tiny)."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
@@ -92,17 +52,7 @@ def registered_model_name(arch):
 def plugin_model_name(arch):
     """'transformer_rope' for every transformer_rope* architecture (likewise rpe); else None."""
     name = registered_model_name(arch)
-    return name if name in PLUGIN_MODEL_OPTIONS else None
-
-
-def config_value(model_cfg, name, default=None):
-    """``name`` of a model configuration: a dict, an argparse.Namespace or an omegaconf config."""
-    if isinstance(model_cfg, dict):
-        return model_cfg.get(name, default)
-    try:
-        return getattr(model_cfg, name, default)
-    except Exception:  # noqa: BLE001 - omegaconf raises on missing keys of structured configs
-        return default
+    return name if name in plugin_models() else None
 
 
 def model_config(state):
@@ -117,23 +67,20 @@ def computation_options(model_cfg) -> dict:
     arch = config_value(model_cfg, "arch") or config_value(model_cfg, "_name")
     values = {name: config_value(model_cfg, name) for name in COMPUTATION_OPTIONS}
     values["arch"] = arch
-    for name, default in PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {}).items():
-        if name in ROPE_RECORDED_DEFAULTS:
+    model = plugin_model_name(arch)
+    for name, default in (plugin_defaults(model) if model else {}).items():
+        if PLUGIN_OPTIONS[name].role == RECORDED:
             continue
         value = config_value(model_cfg, name)
         values[name] = default if value is None else value
     return values
 
 
-def is_plugin_option(name: str) -> bool:
-    return name.startswith(("rope_", "rpe_")) or name == "attention_kind"
-
-
 def defines_trained_model(name: str) -> bool:
     """Whether training fixes an option: the weights were learned for its value. Not the
     inference options, which choose how a trained model runs, nor what training records."""
-    return ((name in COMPUTATION_OPTIONS or is_plugin_option(name))
-            and name not in INFERENCE_OPTIONS and name not in ROPE_RECORDED_DEFAULTS)
+    option = PLUGIN_OPTIONS.get(name)
+    return option.role == TRAINED if option is not None else name in COMPUTATION_OPTIONS
 
 
 def trained_model_differences(model_cfg, saved_cfg):
@@ -144,10 +91,6 @@ def trained_model_differences(model_cfg, saved_cfg):
     current, saved = computation_options(model_cfg), computation_options(saved_cfg)
     return [(name, current.get(name), value) for name, value in saved.items()
             if defines_trained_model(name) and value is not None and current.get(name) != value]
-
-
-def option_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def check_resumed_model(model_cfg, saved_cfg, checkpoint) -> None:
@@ -167,12 +110,13 @@ def check_resumed_model(model_cfg, saved_cfg, checkpoint) -> None:
 def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
     """Refuse overrides that would run a checkpoint as a model it was not trained as.
 
-    ``overrides`` holds only plugin options (see :func:`is_plugin_option`). Inference options
+    ``overrides`` holds only plugin options and names close to one (see ``resembles_plugin_option``). Inference options
     may take any value; an option that defines the trained model may only restate the
     checkpoint's value; a name the checkpoint's model does not have is refused, not ignored.
     """
     arch = config_value(model_cfg, "arch") or config_value(model_cfg, "_name")
-    known = PLUGIN_MODEL_OPTIONS.get(plugin_model_name(arch), {})
+    model = plugin_model_name(arch)
+    known = plugin_defaults(model) if model else {}
     for name, value in overrides.items():
         if name not in known:
             raise OptionError(
@@ -183,7 +127,7 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
         trained = known[name] if trained is None else trained
         if value == trained:
             continue
-        if name in ROPE_RECORDED_DEFAULTS:
+        if PLUGIN_OPTIONS[name].role == RECORDED:
             raise OptionError(
                 f"--model-overrides: {name}={value!r} differs from what training recorded in {checkpoint} "
                 f"({trained!r}); set L with --rope-scaling-original-length instead"
@@ -192,25 +136,6 @@ def check_model_overrides(model_cfg, overrides: dict, checkpoint) -> None:
             raise OptionError(
                 f"--model-overrides: {name}={value!r} differs from the value {checkpoint} was trained "
                 f"with ({name}={trained!r}); it defines the trained model and cannot change at "
-                f"inference (only {', '.join(sorted(INFERENCE_OPTIONS))} can)"
+                f"inference (only {', '.join(sorted(options_with_role(INFERENCE)))} can)"
             )
 
-
-def print_option_errors_as_one_line() -> None:
-    """A OneLineError (an OptionError ...) that reaches the top of a command is printed as
-    ``PROG: error: MESSAGE`` with exit code 2, like argparse's errors, instead of a traceback."""
-    previous = sys.excepthook
-    if getattr(previous, "prints_option_errors", False):
-        return
-
-    def excepthook(exc_type, exc, traceback):
-        if not issubclass(exc_type, OneLineError):
-            return previous(exc_type, exc, traceback)
-        sys.stdout.flush()
-        sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
-        sys.stderr.flush()
-        atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
-        os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
-
-    excepthook.prints_option_errors = True
-    sys.excepthook = excepthook

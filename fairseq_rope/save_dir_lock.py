@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 
-from .model_options import OneLineError
+from .config_values import OneLineError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from .model_options import config_value
+from .config_values import config_value
 
 COUNTS = "rope_trained_length_counts"
 LONGEST = "rope_trained_length"
@@ -39,6 +39,11 @@ def covering_length(counts: List[int], percent: float = COVERED_PERCENT) -> int:
         if total and covered * 100 >= percent * total:
             return length
     return 0
+
+
+def training_length(args) -> int:
+    """L of the scalings that need one: --rope-scaling-original-length, else what training recorded."""
+    return args.rope_scaling_original_length or recorded_training_length(args)
 
 
 def recorded_training_length(model_cfg) -> int:

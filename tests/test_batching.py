@@ -25,8 +25,8 @@ def test_every_index_is_batched_exactly_once_in_order(n, limits, multiple):
 
 
 def test_wrapping_is_idempotent():
-    from fairseq_rope.batching import keep_every_sentence_in_batches
+    from fairseq_rope.patches import PATCHES
 
     before = data_utils.batch_by_size
-    keep_every_sentence_in_batches()
+    next(patch for patch in PATCHES if patch.attribute == "batch_by_size").apply()
     assert data_utils.batch_by_size is before

@@ -178,9 +178,7 @@ def test_bucketed_scores():
     assert scores["bleu_by_length"][">2"]["bleu"] == pytest.approx(0.0)
 
 
-def test_dynamic_scalings_are_the_plugins():
-    from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS
-    assert harness.DYNAMIC_SCALINGS == DYNAMIC_SCALINGS
+def test_extrapolation_scalings_take_a_factor_as_their_specs_say():
     args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", "dynamic-ntk", "ntk:2"])
     assert harness.extra_decodes(args, "rope") == {
         "": None, "+dynamic-ntk": {"rope_scaling": "dynamic-ntk"},

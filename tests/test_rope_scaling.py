@@ -8,7 +8,8 @@ import torch
 from conftest import build_model, run_cli
 
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
-from fairseq_rope.modules.rotary import SCALINGS, inverse_frequencies, rope_frequencies, rotation_angles
+from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, rope_frequencies
+from fairseq_rope.modules.rotary import inverse_frequencies, rotation_angles
 
 
 def scaled_inverse_frequencies(rotary_dim, theta, scaling, factor, original_length=0, dtype=None):
@@ -19,7 +20,7 @@ def attention_temperature(scaling, factor):
     return rope_frequencies(64, 10000.0, scaling, factor, original_length=256)[1]
 
 
-@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("scaling", list(ROPE_SCALINGS))
 def test_factor_one_is_no_scaling(scaling):
     base = inverse_frequencies(32, 10000.0, dtype=torch.float64)
     scaled = scaled_inverse_frequencies(32, 10000.0, scaling, 1.0, original_length=64, dtype=torch.float64)

@@ -5,16 +5,15 @@ fairseq's encoder, decoder and layers, unchanged but for their attentions, which
 are this model with a different factory and different options.
 """
 
-from typing import Callable, Dict, Optional
-
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import ARCH_CONFIG_REGISTRY, MODEL_REGISTRY
 from fairseq.models.transformer import TransformerConfig, TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..model_options import OptionError, fill_defaults
+from ..config_values import OptionError
 from ..modules.rotary import sequence_lengths
+from ..plugin_options import add_plugin_args, check_plugin_options, fill_plugin_defaults
 
 
 class AttentionFactory:
@@ -117,21 +116,21 @@ class PositionalTransformerModel(TransformerModel):
     to the token embeddings."""
 
     attention_factory = AttentionFactory
-    #: (flag, argparse keyword arguments) of every option the model adds to fairseq's Transformer
-    options = ()
+
+    @classmethod
+    def registered_name(cls) -> str:
+        return next(name for name, model in MODEL_REGISTRY.items() if model is cls)
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        for flag, kwargs in cls.options:
-            parser.add_argument(flag, **kwargs)
+        add_plugin_args(parser, cls.registered_name())
 
     @classmethod
     def build_model(cls, args, task):
         # the model's default architecture function (registered under the model's own name)
         # fills what an older checkpoint lacks and checks the options after --model-overrides
-        name = next(name for name, model in MODEL_REGISTRY.items() if model is cls)
-        ARCH_CONFIG_REGISTRY[name](args)
+        ARCH_CONFIG_REGISTRY[cls.registered_name()](args)
         return super().build_model(args, task)
 
     @classmethod
@@ -146,15 +145,14 @@ class PositionalTransformerModel(TransformerModel):
         )
 
 
-def define_architecture(args, model: str, defaults: Dict, fairseq_architecture, check: Optional[Callable] = None):
+def define_architecture(args, model: str, fairseq_architecture):
     """An architecture function of a plugin model: fill the model's defaults, then fairseq's
     architecture, then check every option. fairseq's parser calls it before any data is read,
     and ``build_model`` again after ``--model-overrides``."""
-    fill_defaults(args, defaults)
+    fill_plugin_defaults(args, model)
     # positions enter attention: nothing is added to the token embeddings
     args.no_token_positional_embeddings = True
     fairseq_architecture(args)
-    if check is not None:
-        check(args)
+    check_plugin_options(args, model)
     if getattr(args, "cross_self_attention", False):
         raise OptionError(f"--cross-self-attention is not supported by {model}")

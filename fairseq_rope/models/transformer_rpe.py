@@ -8,8 +8,7 @@ information (clipped at ``--rpe-max-distance``).
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import base_architecture, tiny_architecture
 
-from ..model_options import RPE_TRAINED_DEFAULTS
-from ..modules.relative_position_attention import RelativePositionMultiheadAttention, check_max_distance
+from ..modules.relative_position_attention import RelativePositionMultiheadAttention
 from .positional_transformer import AttentionFactory, PositionalTransformerModel, define_architecture
 
 
@@ -23,17 +22,10 @@ class TransformerRpeModel(PositionalTransformerModel):
     """Transformer with relative position representations (Shaw et al., 2018)."""
 
     attention_factory = RelativeAttentions
-    options = (
-        ("--rpe-max-distance", dict(type=int, metavar="K",
-                                    help="relative distances are clipped to [-K, K]; 2K+1 learned key "
-                                         "and value vectors per layer (default: 16)")),
-    )
+
 
 def _rpe_architecture(args, transformer_architecture):
-    define_architecture(
-        args, "transformer_rpe", RPE_TRAINED_DEFAULTS, transformer_architecture,
-        lambda args: check_max_distance(args.rpe_max_distance),
-    )
+    define_architecture(args, "transformer_rpe", transformer_architecture)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe")

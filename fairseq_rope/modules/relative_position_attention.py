@@ -10,7 +10,7 @@ batch, as for RoPE: left padding shifts a sentence by a constant, which no j - i
 import torch
 from torch import Tensor, nn
 
-from ..model_options import OptionError
+from ..config_values import OptionError
 from .attention import PositionalMultiheadAttention
 from .position_scheme import AttentionCall, PositionScheme
 

@@ -21,12 +21,12 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Callable, Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..model_options import OptionError
+from ..config_values import OptionError
 
 LAYOUTS = ("interleaved", "half")
 
@@ -57,20 +57,21 @@ def inverse_frequencies(rotary_dim: int, theta: float, dtype=torch.float32) -> T
 
 
 # --rope-scaling: frequencies for inputs ``scaling_factor`` (s) times longer than in training.
-# Each entry maps (rotary_dim, theta, s, training length L) to fp64 theta_i and the multiplier of
-# the attention logits; with s == 1 every entry returns the unscaled frequencies and 1.
+# Each maps (rotary_dim, theta, s, training length L) to fp64 theta_i and the multiplier of the
+# attention logits; with s == 1 each returns the unscaled frequencies and 1. The registry of the
+# scalings, what each needs and how it is checked is in ``rope_scaling``.
 
 
-def _unscaled(rotary_dim, theta, s, length):
+def unscaled_frequencies(rotary_dim, theta, s, length):
     return inverse_frequencies(rotary_dim, theta, torch.float64), 1.0
 
 
-def _linear(rotary_dim, theta, s, length):
+def linear_frequencies(rotary_dim, theta, s, length):
     """Position interpolation: angle (m / s) theta_i."""
     return inverse_frequencies(rotary_dim, theta, torch.float64) / s, 1.0
 
 
-def _ntk(rotary_dim, theta, s, length):
+def ntk_frequencies(rotary_dim, theta, s, length):
     """"NTK-aware": base -> base * s^(d / (d - 2)); the lowest frequency is interpolated by
     exactly s, the highest unchanged."""
     if rotary_dim > 2:
@@ -78,7 +79,7 @@ def _ntk(rotary_dim, theta, s, length):
     return inverse_frequencies(rotary_dim, theta, torch.float64), 1.0
 
 
-def _yarn(rotary_dim, theta, s, length):
+def yarn_frequencies(rotary_dim, theta, s, length):
     """YaRN (Peng et al. 2023, arXiv:2309.00071, "NTK-by-parts"): with wavelength
     lambda_i = 2 pi / theta_i and r_i = L / lambda_i, dimensions with r_i < 1 are interpolated
     (theta_i / s), those with r_i > 32 kept, a linear ramp between; logits are multiplied by
@@ -91,65 +92,10 @@ def _yarn(rotary_dim, theta, s, length):
     return (1.0 - keep) * inv_freq / s + keep * inv_freq, logit_scale
 
 
-ROPE_SCALINGS: Dict[str, Callable[[int, float, float, int], Tuple[Tensor, float]]] = {
-    "none": _unscaled,
-    "linear": _linear,
-    "ntk": _ntk,
-    "yarn": _yarn,
-    # chosen per sentence at inference: s = max(1, n / L) (see dynamic_factors)
-    "dynamic-ntk": _ntk,
-    "dynamic-yarn": _yarn,
-}
-SCALINGS = tuple(ROPE_SCALINGS)
-DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
-# the scalings that need L, the training length (--rope-scaling-original-length or recorded)
-LENGTH_SCALINGS = ("yarn", *DYNAMIC_SCALINGS)
-
-
 def dynamic_factors(source_lengths: Tensor, original_length: int) -> Tensor:
     """s = max(1, n / L) (fp64) for each sentence of n source tokens, L the training length: a
     sentence no longer than in training keeps plain RoPE, a longer one is scaled just enough."""
     return (source_lengths.to(torch.float64) / original_length).clamp(min=1.0)
-
-
-def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0) -> None:
-    if scaling not in ROPE_SCALINGS:
-        raise OptionError(f"--rope-scaling must be one of {', '.join(SCALINGS)}; got {scaling!r}")
-    if not (math.isfinite(scaling_factor) and scaling_factor >= 1.0):
-        raise OptionError(f"--rope-scaling-factor must be a finite number >= 1, got {scaling_factor}")
-    if scaling == "none" and scaling_factor != 1.0:
-        raise OptionError(
-            f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling none: "
-            "choose --rope-scaling linear, ntk or yarn, or drop the factor"
-        )
-    if scaling in DYNAMIC_SCALINGS and scaling_factor != 1.0:
-        raise OptionError(
-            f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling {scaling}: "
-            "each sentence gets s = max(1, source length / L); drop the factor"
-        )
-    if int(original_length) != original_length or original_length < 0:
-        raise OptionError(
-            f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}"
-        )
-    if scaling in LENGTH_SCALINGS and not original_length > 0:
-        raise OptionError(
-            f"--rope-scaling {scaling} needs the training length L, which the checkpoint does not record "
-            "(saved by an older version, or no checkpoint yet): pass --rope-scaling-original-length L, a length "
-            "in tokens that almost every training source and target does not exceed"
-        )
-
-
-def rope_frequencies(
-    rotary_dim: int,
-    theta: float,
-    scaling: str = "none",
-    scaling_factor: float = 1.0,
-    original_length: int = 0,
-) -> Tuple[Tensor, float]:
-    """theta_i of eq. (15) in fp64, scaled by ``--rope-scaling`` (see :data:`ROPE_SCALINGS`), and
-    the multiplier of the attention logits that goes with them."""
-    check_scaling(scaling, scaling_factor, original_length)
-    return ROPE_SCALINGS[scaling](rotary_dim, theta, float(scaling_factor), int(original_length))
 
 
 def rotation_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
@@ -256,3 +202,4 @@ def positions_from_padding_mask(key_padding_mask: Tensor) -> Tensor:
 def next_power_of_two(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()
+

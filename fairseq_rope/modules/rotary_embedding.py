@@ -20,10 +20,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .fused_rotary import fused_rotate, fused_runs_on
-from .rotary import (
-    DYNAMIC_SCALINGS, ROPE_SCALINGS, apply_rotary, apply_rotary_, check_layout, check_scaling, dynamic_factors,
-    next_power_of_two, rope_frequencies, rotation_angles,
-)
+from .rope_scaling import check_scaling, rope_frequencies, scaling_spec
+from .rotary import apply_rotary, apply_rotary_, check_layout, dynamic_factors, next_power_of_two, rotation_angles
 
 
 class RotaryEmbedding:
@@ -57,7 +55,7 @@ class RotaryEmbedding:
         self.scaling, self.scaling_factor = scaling, float(scaling_factor)
         self.original_length = int(original_length)
         check_scaling(scaling, self.scaling_factor, self.original_length)
-        self.dynamic = scaling in DYNAMIC_SCALINGS
+        self.dynamic = scaling_spec(scaling).per_sentence
         self.inv_freq, self.logit_scale = rope_frequencies(
             rotary_dim, self.theta, "none" if self.dynamic else scaling, self.scaling_factor, self.original_length
         )
@@ -218,7 +216,7 @@ class RotateInPlace(torch.autograd.Function):
 @lru_cache(maxsize=256)
 def _scaled_frequencies(scaling: str, rotary_dim: int, theta: float, factor: float, original_length: int):
     # kept: every attention call of a dynamic-yarn decoding asks for the logit scale of each factor
-    return ROPE_SCALINGS[scaling](rotary_dim, theta, factor, original_length)
+    return scaling_spec(scaling).frequencies(rotary_dim, theta, factor, original_length)
 
 
 def _make_tables(inv_freq: Tensor, length: int, device) -> Tuple[Tensor, Tensor, Tensor]:

@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..model_options import check_finite_positive
+from ..config_values import check_finite_positive
 from .attention import PositionalMultiheadAttention
 from .position_scheme import AttentionCall, PositionScheme
 from .rotary import positions_from_padding_mask, rotary_dim_for, sequence_lengths

@@ -50,7 +50,8 @@ import tempfile
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import is_readable_checkpoint
 from fairseq_rope.model_options import OptionError, model_config, registered_model_name
-from fairseq_rope.modules.rotary import DYNAMIC_SCALINGS
+from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_scaling
+from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope_tools.cli import sigterm_unwinds
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
@@ -83,12 +84,6 @@ def check_exportable(args) -> None:
         (getattr(args, "rope_values", False), "--rope-values: CTranslate2 does not rotate values (RoPER)"),
         (getattr(args, "attention_kind", "softmax") != "softmax",
          f"--attention-kind {getattr(args, 'attention_kind', None)}: CTranslate2 has softmax attention only"),
-        (getattr(args, "rope_scaling", "none") in DYNAMIC_SCALINGS,
-         f"--rope-scaling {getattr(args, 'rope_scaling', None)}: the factor is chosen per sentence, and CTranslate2 "
-         "has one rotary scaling for every sentence (export with none or linear)"),
-        (getattr(args, "rope_scaling", "none") not in ("none", "linear"),
-         f"--rope-scaling {getattr(args, 'rope_scaling', None)}: CTranslate2's rotary scalings do not include it "
-         "(linear is exported)"),
         (name == "transformer" and getattr(args, "no_token_positional_embeddings", False),
          "--no-token-positional-embeddings: CTranslate2 would add sinusoidal positions to this model"),
         (getattr(args, "activation_fn", "relu") not in _SUPPORTED_ACTIVATIONS,
@@ -108,6 +103,16 @@ def check_exportable(args) -> None:
     for refused, reason in refusals:
         if refused:
             raise ExportRefused(reason)
+    if name == "transformer_rope":
+        _rotary_scaling(args)
+
+
+def _rotary_scaling(args) -> dict:
+    """CTranslate2's arguments for the model's --rope-scaling, as its ScalingSpec says."""
+    try:
+        return ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor)
+    except NotExportable as e:
+        raise ExportRefused(str(e)) from None
 
 
 def _rotary_settings(args, head_dim):
@@ -123,10 +128,10 @@ def _rotary_settings(args, head_dim):
         rotary_interleave=args.rope_layout == "interleaved",
         rotary_base=float(args.rope_theta),
     )
-    if args.rope_scaling == "linear" and args.rope_scaling_factor != 1.0:
-        settings.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear,
-                        rotary_scaling_factor=float(args.rope_scaling_factor))
-    return settings
+    scaling = _rotary_scaling(args)
+    if scaling:
+        scaling["rotary_scaling_type"] = getattr(attention_spec.RotaryScalingType, scaling["rotary_scaling_type"])
+    return {**settings, **scaling}
 
 
 def build_spec(args, model, task):
@@ -412,14 +417,13 @@ def main(argv=None):
     p.add_argument("--if-changed", action="store_true",
                    help="do nothing when --output-dir already holds an export of this checkpoint (size and "
                         "sha256) with the same --quantization and scaling; otherwise export (with --force: over it)")
-    p.add_argument("--rope-scaling", help="decode with rescaled frequencies, as --model-overrides does at "
-                                          "generate time (CTranslate2 has linear)")
-    p.add_argument("--rope-scaling-factor", type=float)
-    p.add_argument("--rope-scaling-original-length", type=int)
+    # the plugin's inference options, as --model-overrides sets them at generate time
+    rescaled = p.add_argument_group("decoding with rescaled frequencies (default: the checkpoint's)")
+    inference_options = sorted(options_with_role(INFERENCE))
+    for name in inference_options:
+        rescaled.add_argument(PLUGIN_OPTIONS[name].flag, **PLUGIN_OPTIONS[name].argparse_kwargs(), default=None)
     args = p.parse_args(argv)
-    overrides = {name: getattr(args, name) for name in
-                 ("rope_scaling", "rope_scaling_factor", "rope_scaling_original_length")
-                 if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in inference_options if getattr(args, name) is not None}
     if not os.path.isfile(args.checkpoint):
         p.exit(2, f"{p.prog}: error: --checkpoint {args.checkpoint} is not a file\n")
     if not os.path.isdir(args.data_bin):

@@ -62,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints import score_bleu
+from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, per_sentence_scalings
 from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, plugin_dir, run_logged, terminate_running
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
@@ -71,9 +72,6 @@ from fairseq_rope_tools.training_log import parse_train_line, parse_train_log
 
 TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")
 RESULT_FORMAT = 3  # format 2 is upgraded (its trained model kept, its decodes redone); older is rerun
-# fairseq_rope.modules.rotary.DYNAMIC_SCALINGS, named here so that parsing arguments needs no torch
-# (tests/test_compare_harness.py checks that the two agree)
-DYNAMIC_SCALINGS = ("dynamic-ntk", "dynamic-yarn")
 
 # name -> (model family, flags); the family is mapped to an architecture by --size
 VARIANTS = {
@@ -209,12 +207,13 @@ def extra_decodes(args, variant):
             method, _, factor = spec.partition(":")
             # yarn and the dynamic kinds read the training length L (in tokens) the checkpoint
             # recorded, the same L for all of them, unless --rope-scaling-original-length names one
+            scaling = ROPE_SCALINGS[method]
             overrides = {"rope_scaling": method}
-            if method not in DYNAMIC_SCALINGS:
+            if scaling.takes_factor:
                 overrides["rope_scaling_factor"] = float(factor)
-            if method in ("yarn", *DYNAMIC_SCALINGS) and args.rope_scaling_original_length:
+            if scaling.needs_training_length and args.rope_scaling_original_length:
                 overrides["rope_scaling_original_length"] = args.rope_scaling_original_length
-            decodes[f"+{method}" if method in DYNAMIC_SCALINGS else f"+{method}x{float(factor):g}"] = overrides
+            decodes[f"+{method}x{float(factor):g}" if scaling.takes_factor else f"+{method}"] = overrides
     return decodes
 
 
@@ -423,6 +422,9 @@ def attach_pass_through_values(argv):
 
 
 def parse_args(argv=None):
+    # the --rope-scaling kinds, as their ScalingSpecs say: with a factor, or one per sentence
+    scaled = [name for name, spec in ROPE_SCALINGS.items() if spec.takes_factor]
+    per_sentence = per_sentence_scalings()
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     data = p.add_mutually_exclusive_group(required=True)
@@ -463,8 +465,8 @@ def parse_args(argv=None):
     p.add_argument("--length-split", type=int, default=None, metavar="L",
                    help="train on pairs of at most L words; test on longer and concatenated ones (not with --data-bin)")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
-                   help="also decode RoPE variants with --rope-scaling METHOD (linear, ntk, yarn) and this "
-                        f"factor, or with {' or '.join(DYNAMIC_SCALINGS)} (no factor: one per sentence, "
+                   help=f"also decode RoPE variants with --rope-scaling METHOD ({', '.join(scaled)}) and this "
+                        f"factor, or with {' or '.join(per_sentence)} (no factor: one per sentence, "
                         "from its length and the training length the checkpoint recorded)")
     p.add_argument("--rope-scaling-original-length", type=int, default=None, metavar="L",
                    help="training length in tokens for yarn and the dynamic scalings (default: the one "
@@ -482,11 +484,11 @@ def parse_args(argv=None):
         p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
     for spec in args.extrapolation_scaling:
         method, _, factor = spec.partition(":")
-        if method in DYNAMIC_SCALINGS and not factor:
+        if method in per_sentence and not factor:
             continue
-        if method not in ("linear", "ntk", "yarn") or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
-            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD linear, ntk or yarn, "
-                    f"or {' or '.join(DYNAMIC_SCALINGS)} alone; got {spec!r}")
+        if method not in scaled or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
+            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD {', '.join(scaled)}, "
+                    f"or {' or '.join(per_sentence)} alone; got {spec!r}")
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")
