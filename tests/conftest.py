@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny parallel corpus binarized once per session, and a CLI runner that
-calls fairseq's console scripts from this environment exactly as a user would."""
+calls fairseq's console scripts from this environment exactly as a user would (only from tests
+marked e2e: every other test is marked fast, see pytest.ini)."""
 
 import importlib.util
 import os
@@ -16,6 +17,9 @@ BIN = Path(sys.executable).parent
 
 def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
     """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+    if _fast_test_running is not None:
+        raise AssertionError(f"{_fast_test_running} runs `{' '.join(map(str, args[:2]))} ...` as a user would, "
+                             "which makes it an end-to-end test: mark it (or its module) with pytest.mark.e2e")
     exe = BIN / args[0]
     cmd = [str(exe) if exe.exists() else args[0], *map(str, args[1:])]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -29,6 +33,38 @@ def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
             f"\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+# ------------------------------------------------------------------ markers: fast and e2e
+# A test is fast (in-process) unless it is marked e2e; `make test-fast` runs the fast ones.
+
+_fast_test_running = None  # the node id of the fast test being set up or run, else None
+
+
+def speed_marker(item):
+    """The speed marker of a collected test, e2e or fast: fast unless marked e2e, never both."""
+    marked = {mark.name for mark in item.iter_markers()} & {"e2e", "fast"}
+    if len(marked) == 2:
+        raise pytest.UsageError(f"{item.nodeid} is marked both e2e and fast: a test is one or the other")
+    return marked.pop() if marked else "fast"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if speed_marker(item) == "fast":
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(tryfirst=True)  # before fixtures are set up: a fixture of a fast test may not run_cli either
+def pytest_runtest_setup(item):
+    global _fast_test_running
+    _fast_test_running = item.nodeid if item.get_closest_marker("fast") else None
+
+
+def pytest_runtest_teardown(item):
+    global _fast_test_running
+    _fast_test_running = None
 
 
 def write_reversal_corpus(directory: Path, seed: int = 0, sizes=(("train", 1500), ("valid", 60), ("test", 43))):

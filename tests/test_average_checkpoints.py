@@ -145,6 +145,7 @@ def test_unreadable_checkpoint_is_named(tmp_path):
     assert f"cannot load {bad}" in str(e.value)
 
 
+@pytest.mark.e2e
 def test_average_of_trained_checkpoints_loads_in_fairseq_generate(tiny_data_bin, tmp_path):
     save = tmp_path / "ckpt"
     run_cli([
@@ -292,6 +293,7 @@ def _average_until_writing(tmp_path, paths, out):
     return proc
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_terminated_write_leaves_no_temporary_file(tmp_path, sig):
     import signal
@@ -306,6 +308,7 @@ def test_terminated_write_leaves_no_temporary_file(tmp_path, sig):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]
 
 
+@pytest.mark.e2e
 def test_partial_from_sigkill_is_never_taken_for_a_checkpoint(tmp_path):
     import signal
 

@@ -15,6 +15,7 @@ TINY_BUDGET = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("malloc", ["default", "retain"])
 def test_benchmark_reports_every_row(tmp_path, malloc):
     out = tmp_path / "bench.json"
@@ -49,6 +50,7 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
     assert "| train_tiny | 2 | 4 |" in pooled.stdout
 
 
+@pytest.mark.e2e
 def test_pool_rejects_a_file_that_is_not_a_report(tmp_path):
     bad = tmp_path / "notes.json"
     bad.write_text("[1, 2, 3]")

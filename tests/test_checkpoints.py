@@ -43,6 +43,7 @@ def trained_40(tiny_data_bin, tmp_path_factory):
     return tiny_data_bin / "data-bin", save_dir
 
 
+@pytest.mark.e2e
 def test_kill_while_writing_checkpoint_last_then_resume_with_the_same_command(tiny_data_bin, tmp_path):
     data_bin, save_dir = tiny_data_bin / "data-bin", tmp_path / "ckpt"
     args = [str(a) for a in train_args(data_bin, save_dir, 60)]
@@ -84,6 +85,7 @@ def saved_record(path):
     return model_cfg.rope_trained_length, model_cfg.rope_trained_length_counts
 
 
+@pytest.mark.e2e
 def test_a_resumed_run_records_what_an_uninterrupted_one_does(trained_40, tmp_path):
     data_bin, straight = trained_40
     longest, counts = saved_record(straight / "checkpoint_last.pt")
@@ -98,6 +100,7 @@ def test_a_resumed_run_records_what_an_uninterrupted_one_does(trained_40, tmp_pa
     assert saved_record(resumed / "checkpoint_last.pt") == (longest, counts)
 
 
+@pytest.mark.e2e
 def test_unreadable_checkpoint_last_falls_back_to_the_newest_readable(trained_40, tmp_path):
     data_bin, trained = trained_40
     save_dir = tmp_path / "ckpt"
@@ -115,6 +118,7 @@ def test_unreadable_checkpoint_last_falls_back_to_the_newest_readable(trained_40
     assert final_updates(log) == 50 and updates_in(last) == 50
 
 
+@pytest.mark.e2e
 def test_unreadable_checkpoint_last_and_nothing_else_is_an_error(tiny_data_bin, tmp_path):
     save_dir = tmp_path / "ckpt"
     save_dir.mkdir()
@@ -124,6 +128,7 @@ def test_unreadable_checkpoint_last_and_nothing_else_is_an_error(tiny_data_bin, 
     assert "holds no other readable checkpoint" in proc.stderr and "--restore-file" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_newest_readable_counts_updates_and_skips_partial_files(trained_40, tmp_path):
     _, trained = trained_40
     shutil.copytree(trained, tmp_path / "c")
@@ -187,6 +192,7 @@ def test_a_killed_write_leaves_only_a_hidden_temporary_that_the_next_write_remov
     assert not other.exists()
 
 
+@pytest.mark.e2e
 def test_tools_write_through_the_same_code_without_importing_torch(tmp_path):
     """The plugin's checkpoint writes and the tools share one atomic write: the recipe's text
     steps get it (and the removal of a killed write's leftovers) without fairseq or torch."""
@@ -214,6 +220,7 @@ def _load(path, overrides):
     return models[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("overrides, named", [
     ({"rope_layout": "half"}, "rope_layout='half'"),
     ({"rope_fraction": 0.5}, "rope_fraction=0.5"),
@@ -230,11 +237,13 @@ def test_override_of_a_trained_option_is_refused(trained_40, overrides, named):
     assert str(path) in str(e.value) and "trained with" in str(e.value)
 
 
+@pytest.mark.e2e
 def test_unknown_plugin_override_is_refused(trained_40):
     with pytest.raises(OptionError, match="'rope_thetaa' is not an option of transformer_rope_tiny"):
         _load(trained_40[1] / "checkpoint_last.pt", {"rope_thetaa": 5})
 
 
+@pytest.mark.e2e
 def test_inference_overrides_and_restated_values_are_accepted(trained_40):
     path = trained_40[1] / "checkpoint_last.pt"
     model = _load(path, {"rope_theta": 10000.0, "rope_layout": "interleaved", "beam": 4})
@@ -244,6 +253,7 @@ def test_inference_overrides_and_restated_values_are_accepted(trained_40):
     assert not torch.equal(plain.inv_freq, scaled.inv_freq)
 
 
+@pytest.mark.e2e
 def test_refused_override_is_one_line_at_generate_time(trained_40):
     data_bin, save_dir = trained_40
     proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--cpu",
@@ -257,6 +267,7 @@ def test_refused_override_is_one_line_at_generate_time(trained_40):
 
 # --- flags checked when the command line is parsed ----------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags, message", [
     (["--rope-theta", "inf"], "--rope-theta must be a finite positive number, got inf"),
     (["--rope-scaling", "none", "--rope-scaling-factor", "4"], "--rope-scaling-factor 4 has no effect with --rope-scaling none"),

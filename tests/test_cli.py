@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
+# every test runs fairseq's console scripts, most on a model a module fixture trains
+pytestmark = pytest.mark.e2e
+
 TRAIN_FLAGS = [
     "--arch", "transformer_rope_tiny", "--task", "translation", "--cpu",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "3e-3",

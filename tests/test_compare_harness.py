@@ -32,6 +32,7 @@ def _scores(out, seed):
     return runs, {group: tests[str(seed)] for group, tests in report["significance"].items()}
 
 
+@pytest.mark.e2e
 def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     out = tmp_path / "compare"
     args = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out,
@@ -286,6 +287,7 @@ def test_paired_bootstrap_tells_a_real_difference(tmp_path):
     assert "bs:1000" in signatures["tok_bleu"] and "chrF" not in signatures["tok_bleu"]
 
 
+@pytest.mark.e2e
 def test_plot_rope_decay_redraws_fig2(tmp_path):
     png, csv = tmp_path / "decay.png", tmp_path / "decay.csv"
     run_cli(["fairseq-rope-plot-decay", "--out", png, "--csv", csv,
@@ -330,6 +332,7 @@ def prepared_quickstart(tmp_path_factory):
     return root / "prep", proc.stderr
 
 
+@pytest.mark.e2e
 def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickstart, tmp_path):
     """--prepared-dir trains on prepare.sh's BPE text and scores against its tok/ and raw/
     references exactly as fairseq-rope-score does; two runs at a time give the numbers of
@@ -359,6 +362,7 @@ def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickst
         r["decodes"][""]["chrf"]["test"] for r in report["results"]["sinusoidal"]]
 
 
+@pytest.mark.e2e
 def test_length_split_of_a_prepared_corpus(prepared_quickstart, tmp_path):
     """--length-split on a prepared corpus: lengths in words of the tokenized text, the BPE text
     binarized with the corpus's own dictionary, references joined like the sources."""
@@ -383,6 +387,7 @@ def test_length_split_of_a_prepared_corpus(prepared_quickstart, tmp_path):
     assert train_words and max(train_words) <= 12
 
 
+@pytest.mark.e2e
 def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
     proc = run_cli([COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path, "--variants", "sinusoidal",
                     *TINY_RUN, "--train-args", "--no-such-option"], check=False, timeout=300)
@@ -393,6 +398,7 @@ def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
     assert not (tmp_path / "runs" / "sinusoidal" / "seed1" / "result.json").exists()
 
 
+@pytest.mark.e2e
 def test_a_failing_decode_keeps_the_trained_model(tiny_data_bin, tmp_path):
     args = [COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path,
             "--variants", "sinusoidal", *TINY_RUN]

@@ -170,6 +170,7 @@ def test_generate_corpus_negative_size_is_refused(tmp_path, capsys):
 
 # --- case 9: archive members that are links -------------------------------------------------------
 
+@pytest.mark.e2e
 def test_prepare_refuses_an_archive_member_that_is_a_symlink(wmt14_archives, tmp_path):  # noqa: F811
     secret = tmp_path / "secret.txt"
     secret.write_text("a private line of the machine\n" * 30)
@@ -302,6 +303,7 @@ def _hold_prepare_lock(work):
     return fd
 
 
+@pytest.mark.e2e
 def test_second_prepare_on_one_work_dir_refuses_naming_the_first(tmp_path):
     work, corpus = tmp_path / "work", tmp_path / "missing"
     fd = _hold_prepare_lock(work)
@@ -321,6 +323,7 @@ def test_second_prepare_on_one_work_dir_refuses_naming_the_first(tmp_path):
 
 # --- case 11: paths that start with "-" -----------------------------------------------------------
 
+@pytest.mark.e2e
 def test_prepare_takes_a_work_dir_that_starts_with_a_dash_for_a_path(tmp_path):
     proc = run_cli(["bash", PREPARE, "--work-dir", "-w", "--train-prefix", "c/train", "--valid-prefix", "c/valid",
                     "--test-prefix", "c/test", "--bpe-size", "10"], cwd=tmp_path, check=False)

@@ -4,8 +4,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import REPO
+
+pytestmark = pytest.mark.e2e
 
 HERE = REPO / "tests"
 

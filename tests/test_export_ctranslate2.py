@@ -70,6 +70,7 @@ def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra):
             bleu.corpus_score([" ".join(h) for h in ct2], refs).score)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(MODELS))
 def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name):
     data_bin, checkpoints = trained
@@ -87,6 +88,7 @@ def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name
     assert fairseq_bleu > 20  # a model that learned the task: a wrong rotation cannot go unseen
 
 
+@pytest.mark.e2e
 def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp_path):
     data_bin, checkpoints = trained
     out = tmp_path / "ct2_linear"
@@ -100,6 +102,7 @@ def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp
     assert any(unscaled[i][1] != scaled[i][1] for i in unscaled)  # the scaling changes something
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("wrong", [{"rotary_interleave": False}, {"rotary_base": 500.0}])
 def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkeypatch, wrong):
     data_bin, checkpoints = trained
@@ -110,6 +113,7 @@ def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkey
     assert same < 0.9
 
 
+@pytest.mark.e2e
 def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     """int8 changes the numbers, so only the model's competence is checked here; its BLEU on a
     real test set is measured by fairseq-rope-benchmark-ct2."""
@@ -142,6 +146,7 @@ def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
         exporter.check_exportable(args)
 
 
+@pytest.mark.e2e
 def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
     data_bin, checkpoints = trained
     out = tmp_path / "refused"
@@ -158,6 +163,7 @@ def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
     assert proc.returncode == 2 and "pass --force" in proc.stderr and list(out.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
     data_bin, checkpoints = trained
     run_cli(["fairseq-rope-benchmark-ct2", "--checkpoint", checkpoints["rope"],

@@ -16,6 +16,9 @@ from conftest import REPO, run_cli
 pytest.importorskip("ctranslate2")
 from test_export_ctranslate2 import exporter  # noqa: E402  (the script, loaded as a module)
 
+# every test converts a checkpoint that a module fixture trains with fairseq-train
+pytestmark = pytest.mark.e2e
+
 EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
 ERROR = "fairseq-rope-export: error: "
 

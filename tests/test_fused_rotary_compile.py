@@ -142,6 +142,7 @@ def compiled(tmp_path_factory):
     return [(*job, *result) for job, result in zip(jobs, results)]
 
 
+@pytest.mark.e2e
 def test_every_variant_compiles_to_ptx_and_cubin(compiled):
     failures = [
         f"sm_{target} {dtype} {constexprs}: {ptx if not cubin_size else 'PTX without the target or the kernel'}"

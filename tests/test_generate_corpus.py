@@ -30,6 +30,7 @@ def _run(out_dir, seed):
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}
 
 
+@pytest.mark.e2e
 def test_same_seed_same_files_other_seed_other_files(tmp_path):
     a = _run(tmp_path / "a", 3)
     b = _run(tmp_path / "b", 3)

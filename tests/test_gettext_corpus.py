@@ -114,6 +114,7 @@ def run_script(*args):
     return subprocess.run([sys.executable, "-m", gettext_corpus.__name__, *args], capture_output=True, text=True)
 
 
+@pytest.mark.e2e
 def test_bad_input_is_named(tmp_path):
     result = run_script("--out-dir", str(tmp_path / "out"), "--mo", str(tmp_path / "missing.mo"))
     assert result.returncode == 2 and "--mo" in result.stderr and "missing.mo" in result.stderr

@@ -33,6 +33,7 @@ def tiny_report(tiny_data_bin, tmp_path_factory):
     return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out, tiny_data_bin
 
 
+@pytest.mark.e2e
 def test_every_section_is_reported(tiny_report):
     report, md, out, _ = tiny_report
     for key in SECTIONS:
@@ -46,6 +47,7 @@ def test_every_section_is_reported(tiny_report):
     assert (out / "losses.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_kernel_ran_under_the_interpreter_within_the_tests_tolerances(tiny_report):
     kernel = tiny_report[0]["kernel"]
     assert kernel["backend"].startswith("Triton interpreter")
@@ -59,6 +61,7 @@ def test_kernel_ran_under_the_interpreter_within_the_tests_tolerances(tiny_repor
     assert bandwidth["gb_per_s"] > 0 and bandwidth["peak_source"].startswith("measured")
 
 
+@pytest.mark.e2e
 def test_training_losses_are_finite_and_half_precisions_are_skipped(tiny_report):
     training = tiny_report[0]["training"]
     runs = training["runs"]
@@ -74,6 +77,7 @@ def test_training_losses_are_finite_and_half_precisions_are_skipped(tiny_report)
     assert "| rope fp32 | sinusoidal fp32 |" in tiny_report[1]
 
 
+@pytest.mark.e2e
 def test_speed_ratios_and_ctranslate2_identity(tiny_report):
     report, _, _, data = tiny_report
     test_sentences = sum(1 for _ in open(data / "test.en"))

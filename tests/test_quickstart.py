@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, run_cli
 
 SMALL = {
@@ -19,6 +21,7 @@ SMALL = {
 HOSTILE_NAME = "a b;$(touch x)"
 
 
+@pytest.mark.e2e
 def test_quickstart_runs_the_whole_pipeline(tmp_path):
     env = dict(SMALL, QUICKSTART_DIR=str(tmp_path / HOSTILE_NAME / "qs"))
     out = run_cli(["bash", REPO / "scripts" / "quickstart.sh"], env=env, timeout=600).stdout
@@ -73,7 +76,5 @@ def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     empty = tmp_path / "empty.log"
     empty.write_text("nothing here\n")
-    import pytest
-
     with pytest.raises(SystemExit):
         plot_losses.main([str(empty), "--output", str(tmp_path / "x.png")])

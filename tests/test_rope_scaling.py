@@ -95,6 +95,7 @@ def test_checkpoint_args_without_new_flags_get_defaults():
     assert args.rope_scaling == "none" and args.rope_scaling_factor == 1.0 and not args.rope_values
 
 
+@pytest.mark.e2e
 def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_path):
     data = tiny_data_bin / "data-bin"
     save = tmp_path / "ckpt"

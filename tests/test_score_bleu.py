@@ -142,6 +142,7 @@ def _one_line_error(proc, *needles):
         assert str(needle) in lines[0], (needle, lines[0])
 
 
+@pytest.mark.e2e
 def test_cli_bad_files_are_one_clear_line(tmp_path):
     hyp = _write(tmp_path / "hyp", ["a b c", "d e f"])
     ref = _write(tmp_path / "ref", ["a b c", "d e f"])

@@ -32,6 +32,7 @@ def _python_files(*folders):
         yield from sorted((REPO / folder).rglob("*.py"))
 
 
+@pytest.mark.e2e
 def test_every_command_is_installed_and_prints_its_help():
     assert len(COMMANDS) >= 14
     for command in COMMANDS:
@@ -66,6 +67,7 @@ def test_scripts_and_examples_hold_no_python():
     assert list(_python_files("scripts", "examples")) == []
 
 
+@pytest.mark.e2e
 def test_the_installed_recipe_is_the_checkouts(tmp_path):
     """The tools run the recipe installed with them (make setup copies it from examples/)."""
     code = ("from fairseq_rope_tools.recipes import recipe_step\n"

@@ -67,6 +67,7 @@ def hold_lock_in_another_process(save_dir):
     return holder
 
 
+@pytest.mark.e2e
 def test_the_lock_file_is_no_checkpoint_and_a_clean_exit_removes_it(trained_2):
     _, save_dir = trained_2
     name = os.path.basename(lock_file(save_dir))
@@ -75,6 +76,7 @@ def test_the_lock_file_is_no_checkpoint_and_a_clean_exit_removes_it(trained_2):
     assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]
 
 
+@pytest.mark.e2e
 def test_a_second_training_refuses_the_save_dir_and_one_left_by_a_crash_is_taken_over(resumable):
     data_bin, save_dir = resumable
     holder = hold_lock_in_another_process(save_dir)
@@ -142,6 +144,7 @@ def test_runs_that_write_no_checkpoints_take_no_lock(tmp_path, no_save, rank_sav
 
 # --- a resume keeps the options that define the trained model -------------------------------------
 
+@pytest.mark.e2e
 def test_resume_with_another_rope_theta_is_refused_in_one_line(resumable):
     data_bin, save_dir = resumable
     before = snapshot(save_dir)
@@ -170,6 +173,7 @@ def saved_model(trained_2):
     return model_config(torch.load(trained_2[1] / "checkpoint_last.pt", map_location="cpu"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags", [
     [],
     ["--rope-theta", "10000", "--rope-layout", "interleaved", "--encoder-layers", "2"],  # defaults, restated
@@ -180,6 +184,7 @@ def test_resume_may_change_what_does_not_define_the_model(saved_model, flags):
     check_resumed_model(command_line_model(*flags), saved_model, "ckpt.pt")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch, flags, named", [
     ("transformer_rope_tiny", ["--rope-layout", "half"], "--rope-layout half (the checkpoint has interleaved)"),
     ("transformer_rope_tiny", ["--rope-values"], "--rope-values True (the checkpoint has False)"),
@@ -194,6 +199,7 @@ def test_resume_as_another_model_is_refused_naming_the_option(saved_model, arch,
         check_resumed_model(command_line_model(*flags, arch=arch), saved_model, "ckpt.pt")
 
 
+@pytest.mark.e2e
 def test_fine_tuning_from_a_model_may_change_its_options_and_says_which(trained_2, caplog):
     """--finetune-from-model starts a new training from another model's weights (e.g. with a
     larger --rope-theta for longer inputs): named in the log, not refused. A resume is refused."""
@@ -209,6 +215,7 @@ def test_fine_tuning_from_a_model_may_change_its_options_and_says_which(trained_
 
 # --- training lengths -------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_a_resume_from_a_checkpoint_without_recorded_lengths_says_where_the_counts_start(trained_2, tmp_path,
                                                                                         caplog):
     state = torch.load(trained_2[1] / "checkpoint_last.pt", map_location="cpu")

@@ -86,6 +86,7 @@ def _ct2_dir(model):
 
 
 # --- (a) the same hypotheses from every engine ------------------------------------------------
+@pytest.mark.e2e
 def test_segmentation_is_the_recipes(model):
     """Raw text -> the recipe's Moses tokenisation and BPE (with vocabulary threshold), token for token."""
     work = model[0]
@@ -104,6 +105,7 @@ def test_remove_bpe_is_fairseqs():
         assert translate_py.remove_bpe(line, kind) == post_process(line, kind)
 
 
+@pytest.mark.e2e
 def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_path):
     """translate.py --engine fairseq (hub interface) and --engine ctranslate2, raw text in, give
     exactly the detokenized hypotheses of fairseq-generate in evaluate.sh; an empty line stays."""
@@ -127,6 +129,7 @@ def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_
 
 
 # --- (b) line ends and encodings --------------------------------------------------------------
+@pytest.mark.e2e
 def test_crlf_and_inline_carriage_returns(model, tmp_path):
     work, ct2 = model[0], _ct2_dir(model)
     messy = tmp_path / "messy.en"
@@ -145,6 +148,7 @@ def test_crlf_and_inline_carriage_returns(model, tmp_path):
     assert piped.returncode == 0 and piped.stdout == data
 
 
+@pytest.mark.e2e
 def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
     work, ct2 = model[0], _ct2_dir(model)
     bad = tmp_path / "bad.en"
@@ -164,6 +168,7 @@ def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
     assert len(_lines(out)) == 2
 
 
+@pytest.mark.e2e
 def test_setup_errors_name_the_flag_or_file(model, tmp_path):
     work, checkpoint, ct2 = model[0], model[1], _ct2_dir(model)
     text = tmp_path / "in.en"
@@ -199,6 +204,7 @@ def test_setup_errors_name_the_flag_or_file(model, tmp_path):
 
 
 # --- (c) evaluate.sh ENGINE=ctranslate2 --------------------------------------------------------
+@pytest.mark.e2e
 def test_evaluate_with_ctranslate2_scores_as_fairseq(model, evaluated):
     work, checkpoint = model
     (fs_dir, fs, _), (ct2_dir, ct2, stderr) = evaluated["fairseq"], evaluated["ctranslate2"]
@@ -231,6 +237,7 @@ def test_evaluate_with_ctranslate2_scores_as_fairseq(model, evaluated):
     assert json.loads((ct2_dir / "scores.json").read_text()) == ct2
 
 
+@pytest.mark.e2e
 def test_evaluate_refuses_an_unknown_engine(model):
     proc = _evaluate(*model, "onnx", check=False)
     assert proc.returncode == 1

@@ -86,6 +86,7 @@ def _copy_ct2(ct2, tmp_path, **info_changes):
 
 
 # --- case 6: the CTranslate2 engine has the fairseq engine's input-length limit -------------------
+@pytest.mark.e2e
 def test_both_engines_refuse_a_line_beyond_the_source_positions_alike(tiny, tmp_path, capsys):
     data_bin, checkpoint, ct2, _ = tiny
     assert json.loads((ct2 / "export_info.json").read_text())["max_source_positions"] == MAX_SOURCE
@@ -105,6 +106,7 @@ def test_both_engines_refuse_a_line_beyond_the_source_positions_alike(tiny, tmp_
     assert "raise the limit with --max-source-positions" in refusals["fairseq"]
 
 
+@pytest.mark.e2e
 def test_an_export_without_a_recorded_limit_warns_or_takes_the_flag(tiny, tmp_path, capsys):
     data_bin, _, ct2, _ = tiny
     old = _copy_ct2(ct2, tmp_path, max_source_positions=None)
@@ -122,6 +124,7 @@ def test_an_export_without_a_recorded_limit_warns_or_takes_the_flag(tiny, tmp_pa
 
 
 # --- case 7: the vocabulary check compares order -------------------------------------------------
+@pytest.mark.e2e
 @pytest.mark.parametrize("lang, side", [("en", "source"), ("de", "target")])
 def test_a_dictionary_in_another_order_is_refused(tiny, tmp_path, capsys, lang, side):
     data_bin, _, ct2, _ = tiny
@@ -137,6 +140,7 @@ def test_a_dictionary_in_another_order_is_refused(tiny, tmp_path, capsys, lang, 
 
 
 # --- case 10: unreadable files, one line each ------------------------------------------------------
+@pytest.mark.e2e
 def test_unreadable_model_and_bpe_files_are_refused_by_name(tiny, tmp_path, capsys):
     data_bin, checkpoint, ct2, work = tiny
     text = _source(tmp_path, 3)
@@ -156,6 +160,7 @@ def test_unreadable_model_and_bpe_files_are_refused_by_name(tiny, tmp_path, caps
                  text, *_bpe_args(data_bin, "--engine", "fairseq", "--checkpoint", tmp_path / name))
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_with_another_models_data_bin_is_refused(tiny, tmp_path, capsys):
     data_bin, checkpoint, _, _ = tiny
     other = tmp_path / "data-bin"
@@ -167,6 +172,7 @@ def test_a_checkpoint_with_another_models_data_bin_is_refused(tiny, tmp_path, ca
              _source(tmp_path, 3), *_bpe_args(other, "--engine", "fairseq", "--checkpoint", checkpoint))
 
 
+@pytest.mark.e2e
 def test_output_paths_are_checked_before_decoding(tiny, tmp_path, capsys, monkeypatch):
     data_bin, _, ct2, _ = tiny
 
@@ -205,6 +211,7 @@ def _unwritable_directory(tmp_path):
 
 
 # --- case 11 ---------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
     data_bin, _, ct2, _ = tiny
     (tmp_path / "real").mkdir()
@@ -226,6 +233,7 @@ def test_writing_through_a_symlink_replaces_its_target(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]
 
 
+@pytest.mark.e2e
 def test_swapped_languages_are_refused(tiny, tmp_path, capsys):
     data_bin, _, ct2, _ = tiny
     for flags, given in ((["--src", "de", "--tgt", "en"], "--src de --tgt en"), (["--src", "de"], "--src de --tgt de")):
@@ -233,6 +241,7 @@ def test_swapped_languages_are_refused(tiny, tmp_path, capsys):
                  "--tgt de", _source(tmp_path, 3), *flags, *_bpe_args(data_bin, "--model-dir", ct2))
 
 
+@pytest.mark.e2e
 def test_a_path_that_starts_with_a_dash(tiny, tmp_path, capsys, monkeypatch):
     data_bin, _, ct2, _ = tiny
     monkeypatch.chdir(tmp_path)
@@ -248,6 +257,7 @@ def test_a_path_that_starts_with_a_dash(tiny, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "-weird.de").is_file() and (tmp_path / "-weird2.de").is_file()
 
 
+@pytest.mark.e2e
 def test_the_ctranslate2_path_imports_neither_torch_nor_fairseq(tiny, tmp_path):
     data_bin, _, ct2, _ = tiny
     args = [str(a) for a in [_source(tmp_path, 3), "-o", tmp_path / "out.de", "--quiet", "--threads", "1",

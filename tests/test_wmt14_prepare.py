@@ -99,6 +99,7 @@ def prepared(wmt14_archives, tmp_path_factory):
     return work, proc, test_en, test_de
 
 
+@pytest.mark.e2e
 def test_extracts_the_wmt14_layout_and_strips_sgml(prepared):
     work, _, test_en, test_de = prepared
     n_train = N_EUROPARL + len(DROPPED) + N_CC + N_NC
@@ -109,6 +110,7 @@ def test_extracts_the_wmt14_layout_and_strips_sgml(prepared):
     assert not any("Ceci" in line for line in _lines(work / "raw/train.en"))  # other pairs ignored
 
 
+@pytest.mark.e2e
 def test_normalises_and_tokenises(prepared):
     work = prepared[0]
     tok_en = _lines(work / "tok/train.en")
@@ -119,6 +121,7 @@ def test_normalises_and_tokenises(prepared):
     assert all("\u200b" not in line for line in tok_en + tok_de)
 
 
+@pytest.mark.e2e
 def test_cleans_training_data_only(prepared):
     work = prepared[0]
     clean_en = _lines(work / "clean/train.en")
@@ -127,6 +130,7 @@ def test_cleans_training_data_only(prepared):
     assert len(_lines(work / "tok/test.en")) == N_TEST
 
 
+@pytest.mark.e2e
 def test_learns_and_applies_joint_bpe_and_binarizes(prepared):
     work = prepared[0]
     assert (work / "bpe/codes").stat().st_size > 0
@@ -147,6 +151,7 @@ def test_learns_and_applies_joint_bpe_and_binarizes(prepared):
     assert d.string(test[0]).replace("@@ ", "") == _lines(work / "tok/test.de")[0]
 
 
+@pytest.mark.e2e
 def test_rerun_does_nothing(prepared, wmt14_archives):
     work = prepared[0]
     stamps = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file()}
@@ -157,6 +162,7 @@ def test_rerun_does_nothing(prepared, wmt14_archives):
     assert {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file()} == stamps
 
 
+@pytest.mark.e2e
 def test_truncated_archive_is_reported_by_name(wmt14_archives, tmp_path):
     raw_dir = tmp_path / "raw"
     shutil.copytree(wmt14_archives[0], raw_dir)
@@ -174,6 +180,7 @@ def test_truncated_archive_is_reported_by_name(wmt14_archives, tmp_path):
     assert proc.returncode != 0 and "has no test-full.tgz" in proc.stderr and "statmt.org/wmt14" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_bring_your_own_corpus_with_sentencepiece(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -277,6 +284,7 @@ def byo_breaks(tmp_path_factory):
     return root, data, corpus, work, proc
 
 
+@pytest.mark.e2e
 def test_line_breaks_inside_lines_keep_pairs_aligned(byo_breaks):
     _, data, corpus, work, proc = byo_breaks
     assert f"{corpus}/train.en: 3 lines had line-break characters" in proc.stderr
@@ -297,6 +305,7 @@ def test_line_breaks_inside_lines_keep_pairs_aligned(byo_breaks):
             assert [line.replace("@@ ", "") for line in _lines(work / f"bpe/{split}.{lang}")] == _lines(source)
 
 
+@pytest.mark.e2e
 def test_rerun_with_other_bpe_size_rebuilds_bpe_and_data_bin_only(byo_breaks, tmp_path):
     root, _, corpus, work0, _ = byo_breaks
     work = tmp_path / "work"
@@ -321,6 +330,7 @@ def test_rerun_with_other_bpe_size_rebuilds_bpe_and_data_bin_only(byo_breaks, tm
         assert f"{step}: complete, skipping" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_rerun_with_other_train_files_rebuilds_everything(byo_breaks, tmp_path):
     _, _, corpus, work0, _ = byo_breaks
     work = tmp_path / "work"
@@ -340,6 +350,7 @@ def test_rerun_with_other_train_files_rebuilds_everything(byo_breaks, tmp_path):
     assert [line.replace("@@ ", "") for line in _lines(work / "bpe/train.de")] == _lines(work / "clean/train.de")
 
 
+@pytest.mark.e2e
 def test_invalid_utf8_stops_with_file_and_line(tmp_path):
     data = gc.generate(seed=7, sizes=[("train", 150), ("valid", 10), ("test", 10)])
 
@@ -367,6 +378,7 @@ VALUE_OPTIONS = ["--work-dir", "--raw-dir", "--src", "--tgt", "--train-prefix", 
                  "--workers"]
 
 
+@pytest.mark.e2e
 def test_argument_errors_are_one_line(tmp_path):
     cases = [([opt], f"{opt} needs a value") for opt in VALUE_OPTIONS]
     cases += [
