@@ -22,7 +22,14 @@ The plugin's options are declared, with their role, in ``plugin_options``:
 
 from .config_values import OneLineError, OptionError, check_finite_positive, config_value  # noqa: F401  (API)
 from .plugin_options import (  # noqa: F401  (is_plugin_option, option_flag: API)
-    INFERENCE, PLUGIN_OPTIONS, RECORDED, TRAINED, is_plugin_option, option_flag, options_with_role, plugin_defaults,
+    INFERENCE,
+    PLUGIN_OPTIONS,
+    RECORDED,
+    TRAINED,
+    is_plugin_option,
+    option_flag,
+    options_with_role,
+    plugin_defaults,
     plugin_models,
 )
 

@@ -16,8 +16,12 @@ from typing import Any, Callable, List, Optional
 from .batching import keep_last_batch
 from .checkpoint_safe_globals import FAIRSEQ_CHECKPOINT_GLOBALS
 from .checkpoints import (
-    AtomicCopyPathManager, atomic_torch_persistent_save, load_checkpoint_locked_and_recovering,
-    load_checkpoint_to_cpu_checking_overrides, state_dict_recording_training_lengths, trainer_load_checkpoint_checked,
+    AtomicCopyPathManager,
+    atomic_torch_persistent_save,
+    load_checkpoint_locked_and_recovering,
+    load_checkpoint_to_cpu_checking_overrides,
+    state_dict_recording_training_lengths,
+    trainer_load_checkpoint_checked,
 )
 from .config_values import one_line_excepthook
 

@@ -2,10 +2,9 @@
 row. The speed figures themselves are measured by hand (docs/benchmarks.md), never in tests."""
 
 import json
-import sys
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import run_cli
 
 TINY_BUDGET = [
     "--dims", "tiny", "--reps", "2", "--min-rep-seconds", "0", "--warmup", "1",

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import BIN, REPO, run_cli
+from conftest import REPO, run_cli
 
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
 from fairseq_rope.model_options import OptionError

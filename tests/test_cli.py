@@ -59,7 +59,7 @@ def test_generate_beam4_from_checkpoint(trained, checkpoint):
     proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--cpu",
                     "--path", save_dir / checkpoint, "--beam", "4", "--lenpen", "0.6",
                     "--batch-size", "16", "--gen-subset", "test"])
-    hypotheses = [l for l in proc.stdout.splitlines() if l.startswith("H-")]
+    hypotheses = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
     assert len(hypotheses) == count_test_sentences(data_bin)
     assert re.search(r"Generate test with beam=4: BLEU4 = [\d.]+", proc.stdout + proc.stderr)
 
@@ -108,7 +108,7 @@ def test_works_from_any_directory_after_install(trained, tmp_path):
     proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--cpu",
                     "--path", save_dir / "checkpoint_last.pt", "--beam", "4", "--lenpen", "0.6",
                     "--batch-size", "16", "--max-sentences", "16"], cwd=tmp_path)
-    assert sum(l.startswith("H-") for l in proc.stdout.splitlines()) == count_test_sentences(data_bin)
+    assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == count_test_sentences(data_bin)
 
 
 def test_hub_interface_translates(trained, tmp_path):

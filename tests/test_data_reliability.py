@@ -8,12 +8,11 @@ import fcntl
 import io
 import os
 import shutil
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import run_cli
 from test_generate_corpus import gc
 from test_gettext_corpus import gettext_corpus, write_mo
 from test_wmt14_prepare import PREPARE, _prepare, _prepare_byo, tt, wmt14_archives  # noqa: F401

@@ -5,10 +5,9 @@ before anything is written."""
 
 import json
 import re
-import sys
 
 import pytest
-from conftest import REPO, build_model, run_cli
+from conftest import build_model, run_cli
 
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 

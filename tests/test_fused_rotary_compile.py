@@ -162,7 +162,8 @@ def test_the_variants_cover_every_tile_and_argument():
     assert {rest for _, rest in every_tile} == {0, 1, 2, 4, 8, 16, 32, 64, 128, 256}
     every_argument = set(itertools.product(DTYPES, SIGNS, blocks_h))
     groups = [("target", t, lambda v, t=t: v[0] == t) for t in TARGETS]
-    groups += [("layout", l, lambda v, l=l: v[2]["INTERLEAVED"] == (l == "interleaved")) for l in LAYOUTS]
+    groups += [("layout", layout, lambda v, layout=layout: v[2]["INTERLEAVED"] == (layout == "interleaved"))
+               for layout in LAYOUTS]
     for kind, name, member in groups:
         group = [v for v in variants if member(v)]
         assert {(c["BLOCK_HALF"], c["BLOCK_REST"]) for _, _, c in group} == every_tile, f"{kind} {name}"

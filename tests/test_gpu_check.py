@@ -7,10 +7,9 @@ reversal corpus of conftest.py stands in for the quickstart one, whose preparati
 
 import json
 import math
-import sys
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import run_cli
 
 from fairseq_rope.modules.rotation_reference import ulps_off
 from fairseq_rope_tools.research import gpu_check

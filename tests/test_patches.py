@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 
 import fairseq_rope  # noqa: F401  (installs the patches)
-from conftest import REPO
 from fairseq_rope import patches
 from fairseq_rope.patches import MARK, PATCHES, install_patches
 

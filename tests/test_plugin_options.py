@@ -11,7 +11,13 @@ from fairseq_rope import plugin_options
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.model_options import check_model_overrides, defines_trained_model
 from fairseq_rope.plugin_options import (
-    INFERENCE, TRAINED, PluginOption, describe_options, is_plugin_option, options_with_role, plugin_defaults,
+    INFERENCE,
+    TRAINED,
+    PluginOption,
+    describe_options,
+    is_plugin_option,
+    options_with_role,
+    plugin_defaults,
 )
 
 

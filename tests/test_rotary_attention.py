@@ -322,7 +322,7 @@ def test_flags_reach_every_attention():
     model, _, _ = build_model("transformer_rope_tiny", "--rope-theta", "500", "--rope-fraction", "0.5",
                               "--rope-layout", "half", "--rope-cross-attention")
     layers = list(model.encoder.layers) + list(model.decoder.layers)
-    attentions = [l.self_attn for l in layers] + [l.encoder_attn for l in model.decoder.layers]
+    attentions = [layer.self_attn for layer in layers] + [layer.encoder_attn for layer in model.decoder.layers]
     for attn in attentions:
         assert isinstance(attn, RotaryMultiheadAttention)
         assert (attn.rotary.theta, attn.rotary.rotary_dim, attn.rotary.layout) == (500.0, 16, "half")

@@ -8,7 +8,11 @@ from fairseq import options
 from fairseq_rope.model_options import OptionError
 from fairseq_rope.modules import rope_scaling
 from fairseq_rope.modules.rope_scaling import (
-    NotExportable, ScalingSpec, check_scaling, ctranslate2_rotary_scaling, rope_frequencies,
+    NotExportable,
+    ScalingSpec,
+    check_scaling,
+    ctranslate2_rotary_scaling,
+    rope_frequencies,
 )
 from fairseq_rope.modules.rotary import inverse_frequencies, linear_frequencies
 

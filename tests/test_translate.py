@@ -6,7 +6,6 @@ and a rerun that does not export again."""
 
 import json
 import shutil
-import sys
 
 import pytest
 from conftest import BIN, REPO, run_cli

@@ -45,12 +45,14 @@ class RotaryAttentions(AttentionFactory):
         rotary = self.rotary_embedding(embed_dim, num_heads)
         if self.args.attention_kind == "linear":
             return LinearRotaryAttention(embed_dim, num_heads, causal=side == "decoder", rotary=rotary, **kwargs)
-        return RotaryMultiheadAttention(embed_dim, num_heads, rope_values=self.args.rope_values, rotary=rotary, **kwargs)
+        return RotaryMultiheadAttention(embed_dim, num_heads, rope_values=self.args.rope_values, rotary=rotary,
+                                        **kwargs)
 
     def encoder_decoder_attention(self, embed_dim, num_heads, **kwargs):
         if not self.args.rope_cross_attention:
             return None
-        return RotaryMultiheadAttention(embed_dim, num_heads, rotary=self.rotary_embedding(embed_dim, num_heads), **kwargs)
+        rotary = self.rotary_embedding(embed_dim, num_heads)
+        return RotaryMultiheadAttention(embed_dim, num_heads, rotary=rotary, **kwargs)
 
 
 @register_model("transformer_rope")

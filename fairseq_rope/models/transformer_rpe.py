@@ -14,7 +14,8 @@ from .positional_transformer import AttentionFactory, PositionalTransformerModel
 
 class RelativeAttentions(AttentionFactory):
     def self_attention(self, side, embed_dim, num_heads, **kwargs):
-        return RelativePositionMultiheadAttention(embed_dim, num_heads, max_distance=self.args.rpe_max_distance, **kwargs)
+        return RelativePositionMultiheadAttention(embed_dim, num_heads, max_distance=self.args.rpe_max_distance,
+                                                  **kwargs)
 
 
 @register_model("transformer_rpe")

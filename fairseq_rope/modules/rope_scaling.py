@@ -98,7 +98,8 @@ def check_scaling(scaling: str, scaling_factor: float, original_length: int = 0)
         instead = ("each sentence gets s = max(1, source length / L); drop the factor" if spec.per_sentence else
                    f"choose --rope-scaling {one_of([n for n, s in ROPE_SCALINGS.items() if s.takes_factor])}, "
                    "or drop the factor")
-        raise OptionError(f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling {scaling}: {instead}")
+        raise OptionError(f"--rope-scaling-factor {scaling_factor:g} has no effect with --rope-scaling {scaling}: "
+                          f"{instead}")
     if int(original_length) != original_length or original_length < 0:
         raise OptionError(
             f"--rope-scaling-original-length must be a whole number of tokens >= 0, got {original_length}"

@@ -61,8 +61,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, per_sentence_scalings
+from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, plugin_dir, run_logged, terminate_running
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
