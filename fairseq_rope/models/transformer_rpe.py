@@ -25,13 +25,9 @@ class TransformerRpeModel(PositionalTransformerModel):
     attention_factory = RelativeAttentions
 
 
-def _rpe_architecture(args, transformer_architecture):
-    define_architecture(args, "transformer_rpe", transformer_architecture)
-
-
 @register_model_architecture("transformer_rpe", "transformer_rpe")
 def transformer_rpe_base(args):
-    _rpe_architecture(args, base_architecture)
+    define_architecture(args, "transformer_rpe", base_architecture)
 
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_wmt_en_de")
@@ -41,4 +37,4 @@ def transformer_rpe_wmt_en_de(args):
 
 @register_model_architecture("transformer_rpe", "transformer_rpe_tiny")
 def transformer_rpe_tiny(args):
-    _rpe_architecture(args, tiny_architecture)
+    define_architecture(args, "transformer_rpe", tiny_architecture)
