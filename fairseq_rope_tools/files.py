@@ -4,10 +4,13 @@ Standard library only: the plugin's checkpoint writes and the tools that must no
 (the recipe's text steps, translation with CTranslate2) share it.
 """
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import glob
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -153,25 +156,28 @@ def replace_directory(directory, write, carry=()) -> None:
     entries named in ``carry`` (a download cache) are moved from the old directory into the new
     one before the swap, and back if it fails. Everything else of the old directory is deleted:
     callers check first that it holds only what they write (:func:`replaced_dir_problem`). ``tmp`` is
-    removed on any exception; a later call removes what a SIGKILL left."""
+    removed on any exception; a later call removes what a SIGKILL left, but not the ``tmp`` of a
+    call still running (it holds a lock on it)."""
     directory = os.path.realpath(directory)  # a symlinked directory: its target is replaced, the link kept
     parent, name = os.path.split(directory)
     os.makedirs(parent, exist_ok=True)
+    remove_stale_temporary_directories(directory)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     carried, delete = [], tmp  # delete: the new files after a failure, else the old directory
     try:
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; give the usual mode
-        write(tmp)
-        _fsync_tree(tmp)
-        if not os.path.isdir(directory):
-            os.rename(tmp, directory)
-        else:
-            for entry in carry:
-                if os.path.lexists(os.path.join(directory, entry)):
-                    os.rename(os.path.join(directory, entry), os.path.join(tmp, entry))
-                    carried.append(entry)
-            delete = tmp if _exchange(tmp, directory) else _rename_aside_and_in(tmp, directory)
-            carried = []  # the new directory holds them now
+        with _locked(tmp):
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; give the usual mode
+            write(tmp)
+            _fsync_tree(tmp)
+            if not os.path.isdir(directory):
+                os.rename(tmp, directory)
+            else:
+                for entry in carry:
+                    if os.path.lexists(os.path.join(directory, entry)):
+                        os.rename(os.path.join(directory, entry), os.path.join(tmp, entry))
+                        carried.append(entry)
+                delete = tmp if _exchange(tmp, directory) else _rename_aside_and_in(tmp, directory)
+                carried = []  # the new directory holds them now
     except BaseException:
         for entry in carried:
             os.rename(os.path.join(tmp, entry), os.path.join(directory, entry))
@@ -183,8 +189,6 @@ def replace_directory(directory, write, carry=()) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    for stale in _hidden_temporaries(directory):
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _rename_aside_and_in(tmp: str, directory: str) -> str:
@@ -202,10 +206,38 @@ def _rename_aside_and_in(tmp: str, directory: str) -> str:
     return aside
 
 
-def _hidden_temporaries(directory):
-    """What killed :func:`replace_directory` calls for ``directory`` left beside it."""
-    parent, name = os.path.split(directory)
-    return glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.*.tmp"))
+@contextlib.contextmanager
+def _locked(directory):
+    """Try to hold an exclusive lock on ``directory`` while the block runs; yields whether it is
+    held (not when another process holds it, or the file system has no locks)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except OSError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporary_directories(directory) -> None:
+    """Delete the hidden ``.NAME.XXXXXXXX.tmp`` directories that killed :func:`replace_directory`
+    calls for ``directory`` left beside it (``.old``: from older exports). mkdtemp's 8 characters
+    exactly, so that another output's (``ct2.int8`` beside ``ct2``) never match; those of running
+    calls are locked, and kept."""
+    parent, name = os.path.split(os.path.realpath(directory))
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.(tmp|old)")
+    for entry in os.scandir(parent):
+        if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            with _locked(entry.path) as stale:
+                if stale:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+        except FileNotFoundError:  # its call has just finished
+            pass
 
 
 def replaced_dir_problem(flag: str, path, tool: str, written) -> Optional[str]:

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_generate_corpus import gc
-from test_gettext_corpus import gettext_corpus, write_mo
-from test_wmt14_prepare import PREPARE, _prepare, _prepare_byo, tt, wmt14_archives  # noqa: F401
+from test_gettext_corpus import write_mo
+from test_wmt14_prepare import PREPARE, _prepare, _prepare_byo, wmt14_archives  # noqa: F401
 
 from fairseq_rope_tools import files
+from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.data import gettext_corpus
+from fairseq_rope_tools.data import text_tools as tt
 from fairseq_rope_tools.research import compare_position_encodings as harness
 
 MESSAGES = {f"message number {i} here": f"Nachricht Nummer {i} hier" for i in range(40)}

@@ -13,8 +13,10 @@ import shutil
 import pytest
 from conftest import REPO, run_cli
 
+from fairseq_rope_tools import files
+
 pytest.importorskip("ctranslate2")
-from test_export_ctranslate2 import exporter  # noqa: E402  (the script, loaded as a module)
+from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)
 
 # every test converts a checkpoint that a module fixture trains with fairseq-train
 pytestmark = pytest.mark.e2e
@@ -259,7 +261,7 @@ def test_a_read_only_parent_is_one_line_and_leaves_nothing(capsys, work, tmp_pat
         def refused(*args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied", str(parent))
 
-        monkeypatch.setattr(exporter.tempfile, "mkdtemp", refused)
+        monkeypatch.setattr(files.tempfile, "mkdtemp", refused)
     try:
         status, lines = export_main(capsys, checkpoint, data_bin, parent / "ct2")
         assert_refused(status, lines, f"--output-dir {parent / 'ct2'}: cannot write it (Permission denied)",

@@ -16,13 +16,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import run_cli
-from test_average_checkpoints import avg, make_checkpoint, random_params
+from test_average_checkpoints import make_checkpoint, random_params
 from test_checkpoints import train_args, updates_in
 
 from fairseq_rope import checkpoints, save_dir_lock
 from fairseq_rope.checkpoints import TRAINING_CHECKPOINT
 from fairseq_rope.model_options import OptionError, check_resumed_model, model_config
 from fairseq_rope.save_dir_lock import SaveDirInUse, lock_file, lock_save_dir
+from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 
 
 @pytest.fixture(scope="module")

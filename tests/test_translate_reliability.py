@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
-from test_export_ctranslate2 import exporter
-from test_translate import translate_py
+
+from fairseq_rope_tools.deploy import translate as translate_py
+
+pytest.importorskip("ctranslate2")
+from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)
 
 MAX_SOURCE = 16  # the model's max_source_positions: 15 tokens and the </s> appended
 

@@ -121,7 +121,7 @@ else
     # --force replaces an earlier export only; the exporter's one-line refusal is the message
     fairseq-rope-export --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
         --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" --if-changed --force > "$OUT_DIR/export.log" 2>&1 \
-        || { refusal="$(sed -n 's/^export_ctranslate2\.py: error: //p' "$OUT_DIR/export.log" | tail -n 1)"
+        || { refusal="$(sed -n 's/^fairseq-rope-export: error: //p' "$OUT_DIR/export.log" | tail -n 1)"
              [[ -z "$refusal" ]] || die "export to CTranslate2 refused (CT2_DIR is its --output-dir): $refusal"
              grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 5 >&2
              die "export to CTranslate2 failed (log: $OUT_DIR/export.log)"; }

@@ -24,9 +24,10 @@ The output rule: the export replaces only what it wrote. ``--output-dir`` must b
 with ``--force`` it may also be an empty directory or an earlier export, recognised by its
 ``export_info.json`` and ``model.bin`` (and no file an export does not write). Any other
 directory, one that holds the checkpoint or the data-bin above all, is refused in one line and
-left as it is. The model is written into a hidden workspace beside the output
-(``.NAME.XXXXXXXX.tmp``), renamed onto it when complete, and the export it replaces is deleted
-last; a workspace that a killed export left is removed by the next export to the same name.
+left as it is. The model is written into a hidden directory beside the output
+(``.NAME.XXXXXXXX.tmp``) that takes its place in one rename when complete, as every tool here
+replaces a directory (``fairseq_rope_tools.files.replace_directory``); the export it replaces is
+deleted last, and what a killed export left is removed by the next one to the same name.
 
 ``export_info.json`` records the checkpoint the model came from: its real path, and the size and
 sha256 of the bytes that were converted (hashed before and after loading; a checkpoint replaced
@@ -35,17 +36,12 @@ and ``max_target_positions``.
 """
 
 import argparse
-import contextlib
 import errno
-import fcntl
 import glob
 import hashlib
 import json
 import os
-import re
-import shutil
 import sys
-import tempfile
 
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import is_readable_checkpoint
@@ -53,6 +49,7 @@ from fairseq_rope.model_options import OptionError, model_config, registered_mod
 from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_scaling
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope_tools.cli import sigterm_unwinds
+from fairseq_rope_tools.files import replace_directory
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 EXPORT_INFO = "export_info.json"
@@ -241,44 +238,6 @@ def check_output_dir(output_dir, checkpoint, data_bin, force) -> None:
         raise ExportError(f"{flag} exists: pass --force to replace it")
 
 
-def _workspace_pattern(target):
-    """The hidden directories an export into ``target`` works in (``.old``: from older versions);
-    mkdtemp's 8 characters, so that another output's (``ct2.int8`` beside ``ct2``) never match."""
-    return re.compile(rf"\.{re.escape(os.path.basename(target))}\.[a-z0-9_]{{8}}\.(tmp|old)")
-
-
-@contextlib.contextmanager
-def _locked(directory):
-    """Try to hold an exclusive lock on ``directory`` while the block runs; yields whether it is
-    held (not when another process holds it, or the file system has no locks). A running export
-    holds its workspace's, so that another one never takes it for a leftover."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except OSError:
-            held = False
-        yield held
-    finally:
-        os.close(fd)
-
-
-def remove_stale_workspaces(target) -> None:
-    """Delete the hidden workspaces that killed exports into ``target`` left (SIGKILL runs no
-    clean-up); those of running exports are locked, and kept."""
-    pattern = _workspace_pattern(target)
-    for entry in os.scandir(os.path.dirname(target)):
-        if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
-            continue
-        try:
-            with _locked(entry.path) as stale:
-                if stale:
-                    shutil.rmtree(entry.path, ignore_errors=True)
-        except FileNotFoundError:  # its export has just finished
-            pass
-
-
 def _write_failure(output_dir, error: OSError) -> str:
     advice = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
               errno.EACCES: "make its parent writable", errno.EPERM: "make its parent writable",
@@ -288,29 +247,25 @@ def _write_failure(output_dir, error: OSError) -> str:
 
 
 def write_export(output_dir, write_model, info, checkpoint, data_bin, force) -> str:
-    """``write_model(dir)`` and ``info`` into a hidden workspace beside ``output_dir``, renamed
-    onto it when complete; the export it replaces is removed last. Returns the real path."""
-    target = os.path.realpath(output_dir)
+    """``write_model(dir)`` and ``info`` written as one directory that takes ``output_dir``'s
+    place when complete (:func:`~fairseq_rope_tools.files.replace_directory`): an export it
+    replaces is kept until then. Returns the real path."""
+
+    def write(tmp):
+        model_dir = os.path.join(tmp, "model")  # CTranslate2 makes the directory it writes
+        write_model(model_dir)
+        for name in os.listdir(model_dir):
+            os.rename(os.path.join(model_dir, name), os.path.join(tmp, name))
+        os.rmdir(model_dir)
+        with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=1)
+        check_output_dir(output_dir, checkpoint, data_bin, force)  # again: the conversion took a while
+
     try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        remove_stale_workspaces(target)
-        workspace = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                                     dir=os.path.dirname(target))
-        try:
-            with _locked(workspace):
-                model_dir = os.path.join(workspace, "model")
-                write_model(model_dir)
-                with open(os.path.join(model_dir, EXPORT_INFO), "w", encoding="utf-8") as f:
-                    json.dump(info, f, indent=1)
-                check_output_dir(output_dir, checkpoint, data_bin, force)  # again: the conversion took a while
-                if os.path.lexists(target):
-                    os.rename(target, os.path.join(workspace, "replaced"))
-                os.rename(model_dir, target)
-        finally:
-            shutil.rmtree(workspace, ignore_errors=True)
+        replace_directory(output_dir, write)
     except OSError as e:
         raise ExportError(_write_failure(output_dir, e)) from e
-    return target
+    return os.path.realpath(output_dir)
 
 
 # --- the inputs -------------------------------------------------------------------------------
