@@ -3,6 +3,9 @@ entry is a flag of fairseq's parser with its default in the help, is filled by t
 functions, is checked, and (when trained) is refused by the --model-overrides check. (~3 s)"""
 
 import argparse
+import re
+import subprocess
+import sys
 
 import pytest
 from fairseq import options
@@ -103,3 +106,18 @@ def test_every_flag_is_listed_with_its_default():
             assert option.flag in listing
     assert "--rope-scaling {none,linear,ntk,yarn,dynamic-ntk,dynamic-yarn}" in listing
     assert "(default: 10000)" in listing and "(default: interleaved)" in listing
+
+
+def test_python_m_fairseq_rope_lists_exactly_the_flags_fairseqs_parser_adds():
+    proc = subprocess.run([sys.executable, "-m", "fairseq_rope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "transformer_rope_wmt_en_de" in proc.stdout
+    assert "--rope-scaling {none,linear,ntk,yarn,dynamic-ntk,dynamic-yarn}" in proc.stdout
+
+    def parser_flags(arch):
+        parser = options.get_training_parser()
+        options.parse_args_and_arch(parser, ["unused-data-dir", "--arch", arch])
+        return {flag for flag in parser._option_string_actions if flag.startswith("--")}
+
+    added = (parser_flags("transformer_rope_tiny") | parser_flags("transformer_rpe_tiny")) - parser_flags("transformer_tiny")
+    assert set(re.findall(r"^  (--[\w-]+)", proc.stdout, re.MULTILINE)) == added
