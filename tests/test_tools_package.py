@@ -24,6 +24,7 @@ TORCH_FREE = (
     "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
     "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.research.compare_data",
     "fairseq_rope_tools.research.compare_report", "fairseq_rope_tools.research.plot_losses",
+    "fairseq_rope_tools.research.compare_position_encodings",  # the scaling registry only when asked for
 )
 
 

@@ -61,7 +61,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, per_sentence_scalings
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, plugin_dir, run_logged, terminate_running
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
@@ -202,12 +201,14 @@ def extra_decodes(args, variant):
     """{row suffix: --model-overrides} of the decodes of a variant: the plain one, and RoPE
     frequency scalings."""
     decodes = {"": None}
-    if VARIANTS[variant][0] == "transformer_rope":
+    if VARIANTS[variant][0] == "transformer_rope" and args.extrapolation_scaling:
+        from fairseq_rope.modules.rope_scaling import scaling_spec
+
         for spec in args.extrapolation_scaling:
             method, _, factor = spec.partition(":")
             # yarn and the dynamic kinds read the training length L (in tokens) the checkpoint
             # recorded, the same L for all of them, unless --rope-scaling-original-length names one
-            scaling = ROPE_SCALINGS[method]
+            scaling = scaling_spec(method)
             overrides = {"rope_scaling": method}
             if scaling.takes_factor:
                 overrides["rope_scaling_factor"] = float(factor)
@@ -421,10 +422,24 @@ def attach_pass_through_values(argv):
     return out
 
 
-def parse_args(argv=None):
-    # the --rope-scaling kinds, as their ScalingSpecs say: with a factor, or one per sentence
+def check_extrapolation_scalings(p, specs) -> None:
+    """--extrapolation-scaling METHOD:FACTOR for a kind that takes a factor, METHOD alone for a
+    per-sentence one, as their ScalingSpecs say (read only when asked for: the registry is the
+    plugin's, and importing it loads fairseq)."""
+    from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, per_sentence_scalings
+
     scaled = [name for name, spec in ROPE_SCALINGS.items() if spec.takes_factor]
     per_sentence = per_sentence_scalings()
+    for spec in specs:
+        method, _, factor = spec.partition(":")
+        if method in per_sentence and not factor:
+            continue
+        if method not in scaled or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
+            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD {', '.join(scaled)}, "
+                    f"or {' or '.join(per_sentence)} alone; got {spec!r}")
+
+
+def parse_args(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     data = p.add_mutually_exclusive_group(required=True)
@@ -465,9 +480,9 @@ def parse_args(argv=None):
     p.add_argument("--length-split", type=int, default=None, metavar="L",
                    help="train on pairs of at most L words; test on longer and concatenated ones (not with --data-bin)")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
-                   help=f"also decode RoPE variants with --rope-scaling METHOD ({', '.join(scaled)}) and this "
-                        f"factor, or with {' or '.join(per_sentence)} (no factor: one per sentence, "
-                        "from its length and the training length the checkpoint recorded)")
+                   help="also decode RoPE variants with --rope-scaling METHOD and this factor, or METHOD "
+                        "alone for a kind chosen per sentence (from its length and the training length the "
+                        "checkpoint recorded); python -m fairseq_rope lists the kinds")
     p.add_argument("--rope-scaling-original-length", type=int, default=None, metavar="L",
                    help="training length in tokens for yarn and the dynamic scalings (default: the one "
                         "each checkpoint recorded)")
@@ -482,13 +497,8 @@ def parse_args(argv=None):
     args.generate_args = [a for value in args.generate_args for a in shlex.split(value)]
     if args.length_split and args.data_bin:
         p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
-    for spec in args.extrapolation_scaling:
-        method, _, factor = spec.partition(":")
-        if method in per_sentence and not factor:
-            continue
-        if method not in scaled or not re.fullmatch(r"\d+(\.\d+)?", factor or ""):
-            p.error(f"--extrapolation-scaling expects METHOD:FACTOR with METHOD {', '.join(scaled)}, "
-                    f"or {' or '.join(per_sentence)} alone; got {spec!r}")
+    if args.extrapolation_scaling:
+        check_extrapolation_scalings(p, args.extrapolation_scaling)
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")
