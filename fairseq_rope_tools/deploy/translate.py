@@ -8,7 +8,7 @@
 
 Each input line goes through the recipe's own steps (examples/wmt14_en_de/prepare.sh), read from
 the prepared work directory ``--work-dir``: Moses punctuation normalisation, removal of
-non-printing characters and Moses tokenisation ``-a`` (text_tools.py's tokenize; skipped when the
+non-printing characters and Moses tokenisation ``-a`` (fairseq_rope_tools.data.text_tools' tokenize; skipped when the
 work dir was prepared with --no-tokenize), then the BPE of ``bpe/`` (subword-nmt ``bpe/codes``
 with ``bpe/vocab.SRC`` and the recorded vocabulary threshold, or sentencepiece ``bpe/spm.model``).
 It is translated with beam search (beam 4, length penalty 0.6, at most 200 tokens, as
