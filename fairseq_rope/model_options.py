@@ -20,13 +20,12 @@ The plugin's options are declared, with their role, in ``plugin_options``:
   ``--model-overrides``): :func:`check_resumed_model`.
 """
 
-from .config_values import OneLineError, OptionError, check_finite_positive, config_value  # noqa: F401  (API)
-from .plugin_options import (  # noqa: F401  (is_plugin_option, option_flag: API)
+from .config_values import OptionError, config_value
+from .plugin_options import (
     INFERENCE,
     PLUGIN_OPTIONS,
     RECORDED,
     TRAINED,
-    is_plugin_option,
     option_flag,
     options_with_role,
     plugin_defaults,

@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, run_cli
 
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
-from fairseq_rope.model_options import OptionError
+from fairseq_rope.config_values import OptionError
 from fairseq_rope_tools.files import remove_stale_temporaries, write_atomically
 
 

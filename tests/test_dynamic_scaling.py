@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import build_model
 
-from fairseq_rope.model_options import OptionError
+from fairseq_rope.config_values import OptionError
 from fairseq_rope.modules.rotary import dynamic_factors
 from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
 

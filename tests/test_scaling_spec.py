@@ -5,7 +5,7 @@ import pytest
 import torch
 from fairseq import options
 
-from fairseq_rope.model_options import OptionError
+from fairseq_rope.config_values import OptionError
 from fairseq_rope.modules import rope_scaling
 from fairseq_rope.modules.rope_scaling import (
     NotExportable,

@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import build_model
 
-from fairseq_rope.model_options import OptionError, check_model_overrides
+from fairseq_rope.config_values import OptionError
+from fairseq_rope.model_options import check_model_overrides
 from fairseq_rope.models.transformer_rope import training_length
 from fairseq_rope.training_lengths import TrainingLengths, covering_length, recorded_training_length
 

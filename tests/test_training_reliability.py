@@ -21,7 +21,8 @@ from test_checkpoints import train_args, updates_in
 
 from fairseq_rope import checkpoints, save_dir_lock
 from fairseq_rope.checkpoints import TRAINING_CHECKPOINT
-from fairseq_rope.model_options import OptionError, check_resumed_model, model_config
+from fairseq_rope.config_values import OptionError
+from fairseq_rope.model_options import check_resumed_model, model_config
 from fairseq_rope.save_dir_lock import SaveDirInUse, lock_file, lock_save_dir
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 

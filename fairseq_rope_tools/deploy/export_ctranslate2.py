@@ -45,7 +45,8 @@ import sys
 
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import is_readable_checkpoint
-from fairseq_rope.model_options import OptionError, model_config, registered_model_name
+from fairseq_rope.config_values import OptionError
+from fairseq_rope.model_options import model_config, registered_model_name
 from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_scaling
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope_tools.cli import sigterm_unwinds
