@@ -88,20 +88,21 @@ def command_env(extra: Optional[dict] = None) -> dict:
 
 
 def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Optional[str] = None,
-               on_line: Optional[Callable[[str], None]] = None, tail_lines: int = 15) -> None:
+               on_line: Optional[Callable[[str], None]] = None, tail_lines: int = 15, append: bool = False) -> None:
     """Run ``cmd`` (a console script of this environment such as ``fairseq-train``, or any
     program) with stdout and stderr written to ``log_path`` as they come; its first line is the
     command. Each output line (without its newline) is also passed to ``on_line``. Raises
     CommandFailed naming the command (``name``, default its program), with the last
     ``tail_lines`` lines and the log's path, if it exits non-zero; the command is terminated if
-    the caller is interrupted or ``on_line`` raises."""
+    the caller is interrupted or ``on_line`` raises. ``append`` continues an existing log (a
+    resumed command), starting with the command again."""
     import shlex
     import subprocess
 
     program = os.path.join(BIN_DIR, str(cmd[0]))
     cmd = [program if os.path.isfile(program) else str(cmd[0]), *map(str, cmd[1:])]
     tail = []
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "a" if append else "w", encoding="utf-8") as log:
         log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, env=command_env(env), stdout=subprocess.PIPE,

@@ -65,7 +65,6 @@ def parse_train_log(lines: Iterable[str], subset: str = "valid") -> dict:
     if isinstance(lines, str):
         lines = lines.splitlines()
     params, train, valid, speed_curve = None, {}, {}, {}
-    inner = {"wps": [], "ups": []}
     epoch = {"wps": [], "ups": []}
     for line in lines:
         parsed = parse_train_line(line, subset)
@@ -82,14 +81,15 @@ def parse_train_log(lines: Iterable[str], subset: str = "valid") -> dict:
             if "loss" in fields:
                 train[update] = fields["loss"]
             speed_curve[update] = [fields.get("wps", math.nan), fields.get("ups", math.nan)]
-        speeds = inner if kind == "train_inner" else epoch if kind == "train" else {}
-        for name, values in speeds.items():
-            if name in fields:
-                values.append(fields[name])
+        elif kind == "train":
+            for name, values in epoch.items():
+                if name in fields:
+                    values.append(fields[name])
     curve = sorted(valid.items())
 
-    def mean_speed(name):
-        values = inner[name] or epoch[name]
+    def mean_speed(index, name):
+        # per update, so that the intervals a resumed run logged twice count once
+        values = [speeds[index] for speeds in speed_curve.values() if not math.isnan(speeds[index])] or epoch[name]
         return sum(values) / len(values) if values else math.nan
 
     return {
@@ -98,7 +98,7 @@ def parse_train_log(lines: Iterable[str], subset: str = "valid") -> dict:
         "valid_curve": [[u, loss, nll] for u, (loss, nll) in curve],
         "valid_loss": curve[-1][1][0] if curve else math.nan,
         "valid_nll_loss": curve[-1][1][1] if curve else math.nan,
-        "tokens_per_second": mean_speed("wps"),
-        "updates_per_second": mean_speed("ups"),
+        "tokens_per_second": mean_speed(0, "wps"),
+        "updates_per_second": mean_speed(1, "ups"),
         "speed_curve": [[u, *speeds] for u, speeds in sorted(speed_curve.items())],
     }

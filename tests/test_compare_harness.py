@@ -5,13 +5,16 @@ resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cl
 fairseq_rope_tools/research/significance.py)."""
 
 import json
+import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import BIN, REPO, run_cli
 
 from fairseq_rope_tools import cli, training_log
 from fairseq_rope_tools.research import compare_data, significance
@@ -407,3 +410,53 @@ def test_a_failing_decode_keeps_the_trained_model(tiny_data_bin, tmp_path):
     proc = run_cli(args, timeout=300)
     assert "training" not in proc.stdout and "reusing the trained model" in proc.stdout
     assert "sinusoidal seed 1: done in" in proc.stdout
+
+
+@pytest.mark.e2e
+def test_a_killed_training_resumes_from_its_last_checkpoint(tiny_data_bin, tmp_path):
+    args = [COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path / "compare", "--variants", "rope", "--baseline", "rope",
+            "--seeds", "1", "--max-update", "24", "--max-tokens", "600", "--average-last", "2",
+            "--save-interval-updates", "4", "--batch-size", "100", "--threads", "1"]
+    run_dir = tmp_path / "compare" / "runs" / "rope" / "seed1"
+    harness_run = subprocess.Popen([str(BIN / COMPARE), *map(str, args[1:])], cwd=REPO, start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    seen = []
+    try:
+        for line in harness_run.stdout:  # killed at the first update logged after a checkpoint
+            seen.append(line)
+            if (run_dir / "checkpoints" / "checkpoint_last.pt").exists() and re.search(r"update \d+/24 \| train", line):
+                break
+        else:
+            pytest.fail("the training ended before it could be killed:\n" + "".join(seen[-30:]))
+    finally:
+        os.killpg(harness_run.pid, signal.SIGKILL)  # the harness, train.sh and fairseq-train at once
+        harness_run.wait(timeout=60)
+        harness_run.stdout.close()
+    seconds_before = json.loads((run_dir / "training.json").read_text())["seconds"]
+    assert seconds_before > 0 and not (run_dir / "result.json").exists()
+
+    proc = run_cli(args, timeout=400)
+    assert "rope seed 1: resuming its interrupted training" in proc.stdout, proc.stdout
+    assert "rope seed 1: training" not in proc.stdout
+    log = (run_dir / "train.log").read_text()
+    assert len([line for line in log.splitlines() if line.startswith("env ")]) == 2  # one command per attempt
+    resumed_at = re.findall(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", log)
+    assert len(resumed_at) == 1 and 4 <= int(resumed_at[0]) < 24, log[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["train_curve"][-1][0] == 24 and [u for u, _ in result["train_curve"]] == list(range(1, 25))
+    assert result["train_seconds"] > seconds_before
+    assert not (run_dir / "training.json").exists()
+
+
+def test_only_an_interrupted_training_of_the_same_settings_is_resumed(tmp_path):
+    settings = {"variant": "rope", "seed": 1}
+    assert harness.interrupted_training(tmp_path, settings, overwrite=False) is None  # nothing there
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "checkpoint_last.pt").write_bytes(b"")
+    (tmp_path / "training.json").write_text(json.dumps({"settings": settings, "seconds": 61.5}))
+    assert harness.interrupted_training(tmp_path, settings, overwrite=False) == 61.5
+    assert harness.interrupted_training(tmp_path, settings, overwrite=True) is None
+    assert harness.interrupted_training(tmp_path, {**settings, "seed": 2}, overwrite=False) is None
+    (tmp_path / "training.json").write_text('{"settings": ')  # cut short: trained again, from scratch
+    assert harness.interrupted_training(tmp_path, settings, overwrite=False) is None

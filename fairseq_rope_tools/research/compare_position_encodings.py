@@ -18,7 +18,9 @@ scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++
 * ``valid_loss.png``, ``bleu_by_length.png``;
 * ``runs/VARIANT/seedN/``: ``train.log`` (written as the training runs), ``generate*.log``, the
   hypotheses, ``result.json``. A rerun reuses finished runs made with the same settings, and the
-  trained model of a run whose decoding settings alone changed (only the changed decodes are made).
+  trained model of a run whose decoding settings alone changed (only the changed decodes are made),
+  and resumes an interrupted training from its last checkpoint (``training.json`` records its
+  settings and the seconds it has run).
 
 While it runs it prints a line per logged training interval (update, losses, elapsed time, ETA)
 and the decoding's progress. ``--jobs N`` runs N trainings at once: the CPU threads are split
@@ -109,11 +111,18 @@ def duration(seconds):
 
 
 class TrainingProgress:
-    """fairseq-train's log condensed to one line per logged interval and per validation."""
+    """fairseq-train's log condensed to one line per logged interval and per validation. A
+    resumed training counts the ``seconds_before`` of its earlier attempts in the elapsed time;
+    ``on_elapsed(seconds)`` is told the total at each logged line."""
 
-    def __init__(self, name, total_updates):
+    def __init__(self, name, total_updates, seconds_before=0.0, on_elapsed=None):
         self.name, self.total, self.started = name, total_updates, time.time()
+        self.seconds_before, self.on_elapsed = seconds_before, on_elapsed
+        self.first_update = None  # the ETA comes from this attempt's pace alone
         self.valid_loss = None
+
+    def elapsed(self):
+        return self.seconds_before + time.time() - self.started
 
     def __call__(self, line):
         parsed = parse_train_line(line)
@@ -121,10 +130,14 @@ class TrainingProgress:
             return
         kind, fields = parsed
         update = int(fields["num_updates"])
+        if self.first_update is None:
+            self.first_update = update - 1 if kind == "train_inner" else update
         if kind == "valid":
             self.valid_loss = fields.get("loss")
-        elapsed = time.time() - self.started
-        eta = elapsed / update * (self.total - update) if update else math.nan
+        elapsed, done = self.elapsed(), update - self.first_update
+        eta = (time.time() - self.started) / done * (self.total - update) if done > 0 else math.nan
+        if self.on_elapsed is not None:
+            self.on_elapsed(elapsed)
         train = f"train loss {fields['loss']:.3f}" if kind == "train_inner" and "loss" in fields else "validation"
         valid = f"valid loss {self.valid_loss:.3f}" if self.valid_loss is not None else "valid loss -"
         log(f"{self.name}: update {update}/{self.total} | {train} | {valid} | {duration(elapsed)} elapsed"
@@ -324,28 +337,54 @@ def run_one(args, data, variant, seed, slot):
     return result
 
 
+def interrupted_training(run_dir, settings, overwrite):
+    """Seconds an interrupted training of these settings in ``run_dir`` had run, if it can be
+    resumed from its checkpoint_last.pt; else None."""
+    progress_file = run_dir / "training.json"
+    if overwrite or not (run_dir / "checkpoints" / "checkpoint_last.pt").exists() or not progress_file.exists():
+        return None
+    try:
+        progress = json.loads(progress_file.read_text())
+    except ValueError:
+        return None
+    return progress["seconds"] if progress.get("settings") == settings else None
+
+
 def train_and_average(args, data, name, run_dir, settings, averaged, slot):
     """Train one run with the recipe and average its last checkpoints into ``averaged``: the
-    run's result without decodes."""
+    run's result without decodes. An interrupted training of the same settings is resumed from
+    its last checkpoint (train.sh resumes from checkpoint_last.pt), its log continued."""
     save_dir = run_dir / "checkpoints"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    save_dir.mkdir(parents=True)
-    flags = VARIANTS[settings["variant"]][1]
+    progress_file = run_dir / "training.json"
+    seconds_before = interrupted_training(run_dir, settings, args.overwrite)
+    if seconds_before is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        save_dir.mkdir(parents=True)
+        seconds_before = 0.0
+        log(f"{name}: training {' '.join([settings['arch'], *settings['flags']])} for {args.max_update} updates "
+            f"(log: {run_dir / 'train.log'})")
+    else:
+        log(f"{name}: resuming its interrupted training from {save_dir / 'checkpoint_last.pt'} "
+            f"(log: {run_dir / 'train.log'})")
+
+    def record_elapsed(seconds):
+        write_text_atomically(progress_file, json.dumps({"settings": settings, "seconds": seconds}))
+
+    record_elapsed(seconds_before)
+    progress = TrainingProgress(name, args.max_update, seconds_before, record_elapsed)
     env = {**slot, **recipe_env(args), "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
            "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(settings["seed"]),
            "LOG_FILE": os.devnull}  # train.sh would tee into a log of its own; train.log is ours
-    log(f"{name}: training {settings['arch']} {' '.join(flags)} for {args.max_update} updates "
-        f"(log: {run_dir / 'train.log'})")
-    started = time.time()
-    # through env(1), so that train.log's first line is the complete command to rerun it by hand
-    run_logged(["env", *(f"{k}={v}" for k, v in env.items()), "bash", TRAIN_SH, *flags, *args.train_args],
-               run_dir / "train.log", name="train.sh", on_line=TrainingProgress(name, args.max_update))
+    # through env(1), so that each attempt's first line in train.log is the complete command to rerun it by hand
+    run_logged(["env", *(f"{k}={v}" for k, v in env.items()), "bash", TRAIN_SH, *settings["flags"], *args.train_args],
+               run_dir / "train.log", name="train.sh", on_line=progress, append=True)
     with open(run_dir / "train.log", encoding="utf-8", errors="replace") as f:
         result = {"format": RESULT_FORMAT, "settings": settings, "variant": settings["variant"],
-                  "seed": settings["seed"], "train_seconds": time.time() - started, **parse_train_log(f)}
+                  "seed": settings["seed"], "train_seconds": progress.elapsed(), **parse_train_log(f)}
     result["averaged_checkpoints"] = average_last(save_dir, args.average_last, averaged, run_dir / "average.log")
     if not args.keep_checkpoints:
         shutil.rmtree(save_dir)
+    progress_file.unlink()
     result.update(decodes={}, decode_settings={})
     return result
 
@@ -389,7 +428,9 @@ def run_all(args, data):
         finally:
             slots.put(slot)
 
-    tasks = [(v, s) for v in args.variants for s in args.seeds]
+    # seed by seed: the runs of one seed finish close together and under the same load, so a
+    # comparison stopped half-way already has whole seeds to compare
+    tasks = [(v, s) for s in args.seeds for v in args.variants]
     with ThreadPoolExecutor(max_workers=len(planned)) as pool:
         futures = {task: pool.submit(run, *task) for task in tasks}
         try:
