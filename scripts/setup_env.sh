@@ -2,7 +2,7 @@
 # Create (or reuse) the virtual environment .venv inside the checkout and install everything
 # fairseq-rope needs, idempotently: a second run skips what is already installed.
 #
-# Order matters on Python 3.11 (see README "Installation"):
+# Order matters on Python 3.11 (see docs/usage.md, "Install"):
 #   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
 #   deps by name -> tokenisers, scoring, plotting -> Triton -> this package (a regular install).
 # A torch already present in the venv (for example a CUDA build a GPU user installed first) is

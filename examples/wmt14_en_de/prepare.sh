@@ -371,7 +371,7 @@ bpe_input() { if [[ "$1" == train ]]; then echo "$WORK_DIR/clean/train.$2"; else
 # corpus is small for its number of merges, common words are seen fewer than 50 times and are split
 # (a 30k-pair corpus with 8000 merges, 17.7 words a sentence: 27.3 tokens with 50, 22.9 without).
 # auto: 50 from AUTO_THRESHOLD_WORDS_PER_MERGE training words (both sides, cleaned) per merge,
-# where 50 lengthened the text by 2-3 % in our measurement (docs/compare_position_encodings.md), else 0.
+# where 50 lengthened the text by 2-3 % in our measurement (docs/harness.md), else 0.
 AUTO_THRESHOLD_WORDS_PER_MERGE=400
 vocab_threshold() {  # sets VOCAB_THRESHOLD from BPE_VOCAB_THRESHOLD and says why
     local words per_merge
