@@ -1,5 +1,5 @@
-"""What the tools' command lines share: argument parsing, messages, a SIGTERM that cleans up,
-and running fairseq's console scripts with their output logged line by line.
+"""What the tools' command lines share: argument parsing, messages and progress lines, a SIGTERM
+that cleans up, and running fairseq's console scripts with their output logged line by line.
 
 Standard library only, like :mod:`fairseq_rope_tools.files`.
 """
@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import time
 from typing import Callable, Optional
 
 
@@ -22,6 +23,26 @@ def sayer(tool: str) -> Callable[[str], None]:
         print(f"[{tool}] {message}", file=sys.stderr, flush=True)
 
     return say
+
+
+def duration(seconds: float) -> str:
+    """``1m05s``, or ``2h03m`` from an hour on."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def progress_sayer(tool: str) -> Callable[[str], None]:
+    """``progress(message)``: ``[TOOL] MESSAGE (1m05s elapsed)`` on stderr, timed from this call.
+    A long run's progress as plain lines, which a log keeps as they are (a terminal's progress
+    bar redraws one line with carriage returns, a single unreadable line in a log)."""
+    say = sayer(tool)
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        say(f"{message} ({duration(time.monotonic() - started)} elapsed)")
+
+    return progress
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ fi
 
 log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
-    hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn \
+    hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex "tqdm>=4.66" cffi scikit-learn \
     sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist ruff "ctranslate2>=4.6.3,<5"
 
 # Triton runs the fused rotation: compiled on CUDA, and in the tests under its interpreter

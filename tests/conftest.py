@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
-    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+def _cli_command(args, env):
+    """The command line and environment run_cli runs ``args`` with (only from an e2e test)."""
     if _fast_test_running is not None:
         raise AssertionError(f"{_fast_test_running} runs `{' '.join(map(str, args[:2]))} ...` as a user would, "
                              "which makes it an end-to-end test: mark it (or its module) with pytest.mark.e2e")
@@ -26,6 +27,12 @@ def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
     full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
     full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     full_env.update(env or {})
+    return cmd, full_env
+
+
+def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
+    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+    cmd, full_env = _cli_command(args, env)
     proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -33,6 +40,27 @@ def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
             f"\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def run_cli_streaming(args, cwd=REPO, timeout=600, env=None):
+    """Run a command as run_cli does, its stderr merged into its stdout, reading every line as it
+    comes: [(line, running)], ``running`` whether the command had not exited yet when the line was
+    read. Raises AssertionError if the command fails or runs past ``timeout`` seconds."""
+    cmd, full_env = _cli_command(args, env)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        lines = [(line.rstrip("\n"), proc.poll() is None) for line in proc.stdout]
+        status = proc.wait()
+    finally:
+        killer.cancel()
+        proc.stdout.close()
+    if status != 0:
+        output = "\n".join(line for line, _ in lines)[-8000:]
+        raise AssertionError(f"{' '.join(cmd)} exited {status} (killed after {timeout} s if negative)\n{output}")
+    return lines
 
 
 # ------------------------------------------------------------------ markers: fast and e2e

@@ -1,10 +1,12 @@
-"""fairseq-rope-benchmark-speed end to end on a tiny budget: it runs, alternates, and reports every
-row. The speed figures themselves are measured by hand (docs/benchmarks.md), never in tests."""
+"""fairseq-rope-benchmark-speed end to end on a tiny budget: it runs, alternates, says every phase
+and repetition while it runs, and reports every row. The speed figures themselves are measured by
+hand (docs/benchmarks.md), never in tests."""
 
 import json
+import re
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_streaming
 
 TINY_BUDGET = [
     "--dims", "tiny", "--reps", "2", "--min-rep-seconds", "0", "--warmup", "1",
@@ -19,8 +21,9 @@ TINY_BUDGET = [
 def test_benchmark_reports_every_row(tmp_path, malloc):
     out = tmp_path / "bench.json"
     skip = ["--skip", "memory"] if malloc == "retain" else []
-    proc = run_cli(["fairseq-rope-benchmark-speed", *TINY_BUDGET, *skip,
-                    "--malloc", malloc, "--json-out", out])
+    lines = run_cli_streaming(["fairseq-rope-benchmark-speed", *TINY_BUDGET, *skip,
+                               "--malloc", malloc, "--json-out", out])
+    output = "\n".join(line for line, _ in lines)
     report = json.loads(out.read_text())
     results = report["results"]
     assert report["settings"]["malloc"] == malloc
@@ -34,10 +37,20 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
         assert results["memory_tiny"]["peak_mib"]["rope"] > 0
     assert results["generate_tiny"]["rope"] > 0
     assert len(results["generate_tiny"]["page_faults"]["rope_all"]) == 2
-    assert "| tiny: page faults per generation call |" in proc.stdout
+    assert "| tiny: page faults per generation call |" in output
     rotation = [key for key in results if key.startswith("rotation")]
     assert len(rotation) == 2
-    assert f"malloc {malloc}" in proc.stdout and "| tiny: training throughput |" in proc.stdout
+    assert f"malloc {malloc}" in output and "| tiny: training throughput |" in output
+
+    # a line as every repetition starts, while the benchmark runs: before its table, the first one
+    # read before the command exited
+    table = next(i for i, (line, _) in enumerate(lines) if line.startswith("| measurement |"))
+    reps = [(i, m[1]) for i, (line, _) in enumerate(lines)
+            if (m := re.fullmatch(r"\[benchmark-speed\] (.*: rep \d+/\d+) \(\d+m\d\ds elapsed\)", line))]
+    memory = ["tiny memory: rep 1/1"] if malloc == "default" else []
+    assert [rep for _, rep in reps] == ["tiny training: rep 1/2", "tiny training: rep 2/2", *memory,
+                                        "tiny generation: rep 1/2", "tiny generation: rep 2/2"]
+    assert lines[reps[0][0]][1] and reps[-1][0] < table
 
     # --pool: the pairs of several reports, row by row
     pooled_out = tmp_path / "pooled.json"

@@ -239,6 +239,15 @@ def test_run_logged_streams_while_the_command_runs(tmp_path):
         cli.run_logged([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log)
 
 
+def test_progress_lines_say_the_time_since_the_sayer_was_made(capsys, monkeypatch):
+    clock = iter([100.0, 165.4, 7480.0])
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    progress = cli.progress_sayer("tool")
+    progress("rep 1/2")
+    progress("rep 2/2")
+    assert capsys.readouterr().err == "[tool] rep 1/2 (1m05s elapsed)\n[tool] rep 2/2 (2h03m elapsed)\n"
+
+
 def test_terminate_running_stops_commands_of_other_threads(tmp_path):
     """What an interrupted --jobs run does: the commands its threads wait for are stopped."""
     import threading

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import build_model, run_cli
+from conftest import build_model, run_cli, run_cli_streaming
 
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
@@ -165,8 +165,18 @@ def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
 @pytest.mark.e2e
 def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
     data_bin, checkpoints = trained
-    run_cli(["fairseq-rope-benchmark-ct2", "--checkpoint", checkpoints["rope"],
-             "--data-bin", data_bin, "--out-dir", tmp_path, "--threads", "1", "--reps", "1"])
+    lines = run_cli_streaming(["fairseq-rope-benchmark-ct2", "--checkpoint", checkpoints["rope"],
+                               "--data-bin", data_bin, "--out-dir", tmp_path, "--threads", "1", "--reps", "1"])
+    # a line as every configuration starts, while the benchmark runs: before its table, the first
+    # one read before the command exited
+    table = next(i for i, (line, _) in enumerate(lines) if line.startswith("| engine |"))
+    reps = [(i, m[1]) for i, (line, _) in enumerate(lines)
+            if (m := re.fullmatch(r"\[benchmark-ct2\] (.*: rep 1/1) \(\d+m\d\ds elapsed\)", line))]
+    assert [rep for _, rep in reps] == [
+        "fairseq-generate float32, 1 thread(s): rep 1/1", "ctranslate2 float32 MKL, 1 thread(s): rep 1/1",
+        "ctranslate2 float32 CT2_USE_MKL=0, 1 thread(s): rep 1/1", "ctranslate2 int8 MKL, 1 thread(s): rep 1/1",
+        "ctranslate2 int8 CT2_USE_MKL=0, 1 thread(s): rep 1/1"]
+    assert lines[reps[0][0]][1] and reps[-1][0] < table
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(r["engine"], r["compute_type"], r["backend"]) for r in rows] == [
         ("fairseq-generate", "float32", ""), ("ctranslate2", "float32", "MKL"),

@@ -5,6 +5,7 @@ the same hypotheses from CTranslate2, fairseq's hub interface and fairseq-genera
 and a rerun that does not export again."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -119,6 +120,10 @@ def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_
         proc = _translate(source, "--work-dir", work, "--engine", engine, *model_args, "--threads", "1",
                           "--batch-size", "6", "--output", out)
         assert f"{len(raw) + 1} lines ({len(raw)} to translate)" in proc.stderr
+        # off a terminal, progress in plain lines, no bar: a line after every batch of 6 (a tenth or more)
+        said = re.findall(rf"^\[translate\] (\d+)/{len(raw)} sentences translated \(\d+m\d\ds elapsed\)$",
+                          proc.stderr, re.M)
+        assert said == [str(min(n, len(raw))) for n in range(6, len(raw) + 6, 6)] and "%|" not in proc.stderr
         outputs[engine] = _lines(out)
     assert outputs["ctranslate2"] == outputs["fairseq"]
     same = sum(a == b for a, b in zip(outputs["fairseq"][:7] + outputs["fairseq"][8:], expected))

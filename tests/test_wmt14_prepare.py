@@ -1,10 +1,14 @@
 """examples/wmt14_en_de/prepare.sh on small archives with the real WMT14 names and layout:
 extraction, SGML stripping, normalisation and tokenisation, cleaning, BPE, binarization; a rerun
-does nothing; a truncated archive is reported by name and leaves nothing a rerun would trust."""
+does nothing; a truncated archive is reported by name and leaves nothing a rerun would trust; its
+log has plain progress lines, no progress bar."""
 
 import io
+import os
+import pty
 import re
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.data import text_tools as tt
 
 PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
+COMMON = REPO / "examples" / "wmt14_en_de" / "common.sh"
 
 N_EUROPARL, N_CC, N_NC, N_DEV, N_TEST = 120, 80, 60, 30, 25
 # training pairs the cleaning step must drop: one side too long, length ratio above 1.5
@@ -82,9 +87,14 @@ def wmt14_archives(tmp_path_factory):
     return root, test_en, test_de
 
 
-def _prepare(work, *args, check=True):
-    return run_cli(["bash", PREPARE, "--work-dir", work, "--bpe-size", "300", "--workers", "1", *args],
-                   check=check, timeout=300)
+def _prepare(work, *args, check=True, log=None):
+    """prepare.sh; with ``log``, its stderr goes to that file as to a user's log, byte for byte (and
+    to proc.stderr too if it fails)."""
+    cmd = ["bash", PREPARE, "--work-dir", work, "--bpe-size", "300", "--workers", "1", *args]
+    if log is not None:
+        cmd = ["bash", "-c", 'log="$1"; shift; "$@" 2> "$log" || { status=$?; cat "$log" >&2; exit $status; }',
+               "prepare-to-log", log, *cmd]
+    return run_cli(cmd, check=check, timeout=300)
 
 
 def _lines(path):
@@ -95,8 +105,9 @@ def _lines(path):
 def prepared(wmt14_archives, tmp_path_factory):
     raw_dir, test_en, test_de = wmt14_archives
     work = tmp_path_factory.mktemp("wmt14_work")
-    proc = _prepare(work, "--raw-dir", raw_dir)
-    return work, proc, test_en, test_de
+    log = tmp_path_factory.mktemp("wmt14_log") / "prepare.log"
+    _prepare(work, "--raw-dir", raw_dir, log=log)
+    return work, log, test_en, test_de
 
 
 @pytest.mark.e2e
@@ -132,8 +143,15 @@ def test_cleans_training_data_only(prepared):
 
 @pytest.mark.e2e
 def test_learns_and_applies_joint_bpe_and_binarizes(prepared):
-    work = prepared[0]
-    assert (work / "bpe/codes").stat().st_size > 0
+    work, log = prepared[:2]
+    codes = _lines(work / "bpe/codes")
+    assert codes[0].startswith("#version") and len(codes) > 1
+    # the log of a run off a terminal: subword-nmt's progress bar (one line redrawn with carriage
+    # returns) is off; the step says its start and its end, with the merges learnt, in plain lines
+    text = log.read_bytes().decode("utf-8")
+    assert "\r" not in text
+    assert "[prepare] bpe: learning 300 joint subword-nmt merges\n" in text
+    assert re.search(rf"^\[prepare\] bpe: learned {len(codes) - 1} merges in \d+ s$", text, re.M)
     bpe_train = _lines(work / "bpe/train.de")
     assert any("@@ " in line for line in bpe_train)
     assert [line.replace("@@ ", "") for line in bpe_train] == _lines(work / "clean/train.de")
@@ -149,6 +167,22 @@ def test_learns_and_applies_joint_bpe_and_binarizes(prepared):
     test = data_utils.load_indexed_dataset(str(data_bin / "test.en-de.de"), d)
     assert len(test) == N_TEST
     assert d.string(test[0]).replace("@@ ", "") == _lines(work / "tok/test.de")[0]
+
+
+@pytest.mark.e2e
+def test_progress_bars_only_on_a_terminal():
+    """The recipe's steps turn tqdm's bars off when their stderr is not a terminal, and only then."""
+    script = f'source "{COMMON}" test; printf "%s" "${{TQDM_DISABLE:-unset}}"'
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    leader, terminal = pty.openpty()
+    try:
+        on_terminal = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, stderr=terminal, env=env,
+                                     text=True, timeout=30)
+    finally:
+        os.close(terminal)
+        os.close(leader)
+    to_a_log = subprocess.run(["bash", "-c", script], capture_output=True, env=env, text=True, timeout=30)
+    assert (on_terminal.stdout, to_a_log.stdout) == ("unset", "1")
 
 
 @pytest.mark.e2e

@@ -12,6 +12,7 @@
 #   dash_safe VAR...  make each named variable's path ./-x if it is -x, so that no command
 #           (mkdir, cd, cp, ...) takes a path that starts with "-" for one of its options
 #   plugin_dir  prints the installed fairseq_rope's directory, for fairseq's --user-dir
+#   TQDM_DISABLE=1, exported when stderr is not a terminal (below)
 # and the defaults every step agrees on, each an environment variable with the default shown below.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -22,6 +23,11 @@ log() { printf '[%s] %s\n' "$MESSAGE_NAME" "$*" >&2; }
 die() { printf '[%s] error: %s\n' "$MESSAGE_NAME" "$*" >&2; exit 1; }
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
 dash_safe() { local var; for var in "$@"; do [[ "${!var}" != -* ]] || printf -v "$var" './%s' "${!var}"; done; }
+# A tqdm progress bar (subword-nmt learn-joint-bpe-and-vocab's, ...) redraws one line with
+# carriage returns: in a log, one endless line. Unless stderr is a terminal, the steps run with
+# tqdm off (tqdm >= 4.66 reads TQDM_DISABLE) and say their progress in plain lines instead.
+[[ -t 2 ]] || export TQDM_DISABLE=1
+
 plugin_dir() {
     python -c 'import importlib.util; print(importlib.util.find_spec("fairseq_rope").submodule_search_locations[0])' \
         || die "this python cannot find fairseq_rope: run 'make setup'"

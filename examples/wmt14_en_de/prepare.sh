@@ -392,7 +392,7 @@ vocab_threshold() {  # sets VOCAB_THRESHOLD from BPE_VOCAB_THRESHOLD and says wh
 }
 
 step_bpe() {
-    local bpe="$WORK_DIR/bpe" split l input
+    local bpe="$WORK_DIR/bpe" split l input started
     local -a rec=(--option "BPE=$BPE" --option "BPE_SIZE=$BPE_SIZE")
     if [[ "$BPE" == subword-nmt ]]; then
         vocab_threshold
@@ -408,9 +408,12 @@ step_bpe() {
     begin "$bpe"
     if [[ "$BPE" == subword-nmt ]]; then
         log "bpe: learning $BPE_SIZE joint subword-nmt merges"
+        started=$SECONDS
         subword-nmt learn-joint-bpe-and-vocab --input "$WORK_DIR/clean/train.$SRC" "$WORK_DIR/clean/train.$TGT" \
             -s "$BPE_SIZE" -o "$bpe.tmp/codes" \
             --write-vocabulary "$bpe.tmp/vocab.$SRC" "$bpe.tmp/vocab.$TGT"
+        # codes: a "#version" line, then one merge a line (fewer than asked when no pair repeats)
+        log "bpe: learned $(( $(nlines "$bpe.tmp/codes") - 1 )) merges in $(( SECONDS - started )) s"
     else
         log "bpe: learning a $BPE_SIZE-piece joint sentencepiece model"
         tool spm-train --vocab-size "$BPE_SIZE" --model-prefix "$bpe.tmp/spm" \

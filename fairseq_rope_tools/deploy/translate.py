@@ -44,7 +44,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser, plugin_dir, sayer
+from fairseq_rope_tools.cli import ArgumentParser, plugin_dir, progress_sayer, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's tokenizer, step records and strict line reader)
 from fairseq_rope_tools.files import write_lines, write_text_atomically
 from fairseq_rope_tools.text_lines import InputError
@@ -405,7 +405,8 @@ def parse_args(argv):
                         "evaluate.sh's hyp.tok.TGT); bpe: the model's tokens")
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
-    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar on a terminal, else a line every tenth of the way) and no summary")
     p.add_argument("--stats-json", help="write the decoding time and speed here as JSON")
     p.add_argument("--max-source-positions", type=int,
                    help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
@@ -631,13 +632,19 @@ def main(argv=None):
 
 def translate(engine, sources, batch_size, progress=False):
     """Hypotheses (token lists) for ``sources`` in input order, and the seconds spent decoding.
-    Sentences are sorted by length into batches; empty sources give empty hypotheses."""
+    Sentences are sorted by length into batches; empty sources give empty hypotheses. ``progress``:
+    a bar on a terminal; elsewhere (a log) a plain line every tenth of the way, since a bar is
+    redrawn with carriage returns."""
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
     hyps = [[] for _ in sources]
     seconds = 0.0
     from tqdm import tqdm
 
-    with tqdm(total=len(order), unit="sent", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
+    on_terminal = sys.stderr.isatty()
+    lines = progress_sayer("translate") if progress and not on_terminal else None
+    tenths = 0
+    with tqdm(total=len(order), unit="sent", disable=not (progress and on_terminal), file=sys.stderr,
+              dynamic_ncols=True) as bar:
         for start in range(0, len(order), batch_size):
             ids = order[start:start + batch_size]
             began = time.perf_counter()
@@ -646,6 +653,10 @@ def translate(engine, sources, batch_size, progress=False):
             for i, h in zip(ids, out):
                 hyps[i] = h
             bar.update(len(ids))
+            done = start + len(ids)
+            if lines is not None and done * 10 // len(order) > tenths:
+                tenths = done * 10 // len(order)
+                lines(f"{done}/{len(order)} sentences translated")
     return hyps, seconds
 
 

@@ -21,7 +21,8 @@ Every configuration runs at each ``--threads`` count (``OMP_NUM_THREADS`` for fa
 ``intra_threads`` for CTranslate2) ``--reps`` times; the table gives the median time as sentences
 and target tokens per second, the speed-up over fairseq-generate at the same thread count, and
 tokenized BLEU with compound splitting (fairseq-rope-score) against the test references.
-``results.json`` and ``results.md`` are written to --out-dir.
+``results.json`` and ``results.md`` are written to --out-dir. A line on stderr announces every
+export and every repetition as it starts, with the time elapsed.
 """
 
 import argparse
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
-from fairseq_rope_tools.cli import plugin_dir
+from fairseq_rope_tools.cli import plugin_dir, progress_sayer
 from fairseq_rope_tools.deploy.translate import remove_bpe as remove_bpe_from_line
 from fairseq_rope_tools.files import write_text_atomically
 from fairseq_rope_tools.research.machine import cpu_model
@@ -52,7 +53,10 @@ CT2_CONFIGS = {
     "cuda": (("float32", "none", "fp32"), ("float16", "none", "fp16"), ("int8_float16", "int8", "fp16")),
 }
 FAIRSEQ_PRECISIONS = {"cpu": ("fp32",), "cuda": ("fp32", "fp16")}
+FAIRSEQ_COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16"}  # a fairseq precision as the table names it
 CPU_BACKENDS = (1, 0)  # CT2_USE_MKL: the CPU backend is chosen when the library loads
+
+progress = progress_sayer("benchmark-ct2")  # timed from the start of the tool
 
 
 def device_problem(device):
@@ -70,6 +74,26 @@ def device_problem(device):
     if unsupported:
         return f"--device cuda: CTranslate2 cannot compute {', '.join(unsupported)} on this GPU"
     return None
+
+
+def backend_name(use_mkl):
+    """A CTranslate2 CPU backend as the table names it; empty for None (cuda has one backend)."""
+    return "" if use_mkl is None else ("MKL" if use_mkl else "CT2_USE_MKL=0")
+
+
+def configuration_name(engine, compute_type, backend, threads):
+    """``ctranslate2 int8 MKL, 2 thread(s)``: a configuration in the progress lines."""
+    return f"{' '.join(filter(None, (engine, compute_type, backend)))}, {threads} thread(s)"
+
+
+def repeated(reps, configuration, run, *args):
+    """[run(*args) for each of ``reps`` repetitions], each announced as it starts:
+    ``CONFIGURATION: rep 2/3``."""
+    results = []
+    for rep in range(1, reps + 1):
+        progress(f"{configuration}: rep {rep}/{reps}")
+        results.append(run(*args))
+    return results
 
 
 def identical_count(hypotheses, reference):
@@ -141,6 +165,8 @@ def export(checkpoint, data_bin, out_dir, quantization):
 
     model_dir = out_dir / f"ct2_{quantization}"
     if not exporter.is_current(model_dir, checkpoint, quantization):
+        progress(f"exporting {checkpoint} to {model_dir} ({'no' if quantization == 'none' else quantization} "
+                 "quantization)")
         try:
             exporter.export(str(checkpoint), str(data_bin), str(model_dir), quantization, force=True)
         except (exporter.ExportRefused, exporter.ExportError, exporter.OptionError) as e:
@@ -173,25 +199,27 @@ def main(argv=None):
     bpe_type = bpe_type_file.read_text().strip() if bpe_type_file.exists() else "subword_nmt"
     backends = CPU_BACKENDS if args.device == "cpu" else (None,)
 
+    progress(f"benchmarking {args.checkpoint} on {args.device}: {args.reps} rep(s) of each configuration "
+             f"at {' and '.join(map(str, args.threads))} thread(s)")
     rows = []
     models = {q: export(args.checkpoint, args.data_bin, args.out_dir, q) for _, q, _ in CT2_CONFIGS[args.device]}
     for threads in args.threads:
         fairseq = {}  # precision -> (seconds of each rep, hypotheses by id)
         for precision in FAIRSEQ_PRECISIONS[args.device]:
-            times = []
-            for _ in range(args.reps):
-                seconds, sources, hyps, refs = fairseq_generate(args.checkpoint, args.data_bin, threads, args.device,
-                                                                precision)
-                times.append(seconds)
-            fairseq[precision] = times, hyps
+            name = configuration_name("fairseq-generate", FAIRSEQ_COMPUTE_TYPES[precision], "", threads)
+            runs = repeated(args.reps, name, fairseq_generate, args.checkpoint, args.data_bin, threads, args.device,
+                            precision)
+            _, sources, hyps, refs = runs[0]
+            fairseq[precision] = [seconds for seconds, *_ in runs], hyps
         ids = sorted(sources)
         references = [remove_bpe(refs[i], bpe_type) for i in ids]
-        configs = [("fairseq-generate", "float16" if precision == "fp16" else "float32", None, precision, times,
+        configs = [("fairseq-generate", FAIRSEQ_COMPUTE_TYPES[precision], None, precision, times,
                     [hyps[i] for i in ids]) for precision, (times, hyps) in fairseq.items()]
         for compute_type, quantization, precision in CT2_CONFIGS[args.device]:
             for use_mkl in backends:
-                runs = [ct2_translate(models[quantization], compute_type, use_mkl, threads, [sources[i] for i in ids],
-                                      args.device) for _ in range(args.reps)]
+                name = configuration_name("ctranslate2", compute_type, backend_name(use_mkl), threads)
+                runs = repeated(args.reps, name, ct2_translate, models[quantization], compute_type, use_mkl, threads,
+                                [sources[i] for i in ids], args.device)
                 configs.append(("ctranslate2", compute_type, use_mkl, precision, [s for s, _ in runs], runs[0][1]))
         for engine, compute_type, use_mkl, precision, seconds, hypotheses in configs:
             times, hyps = fairseq[precision]  # compared with fairseq-generate in the same precision
@@ -199,7 +227,7 @@ def main(argv=None):
             detok = [remove_bpe(h, bpe_type) for h in hypotheses]
             rows.append(dict(
                 engine=engine, compute_type=compute_type,
-                backend="" if use_mkl is None else ("MKL" if use_mkl else "CT2_USE_MKL=0"),
+                backend=backend_name(use_mkl),
                 threads=threads, sentences=len(ids), seconds=[round(s, 3) for s in seconds],
                 sentences_per_s=round(len(ids) / median, 1),
                 tokens_per_s=round(sum(len(h) for h in hypotheses) / median, 1),
@@ -207,9 +235,9 @@ def main(argv=None):
                 bleu=round(tokenized_bleu(detok, references)[0].score, 2),
                 identical_to_fairseq=identical_count(hypotheses, [hyps[i] for i in ids]),
             ))
-            print(f"{engine:16s} {compute_type:12s} {rows[-1]['backend']:14s} threads {threads}: "
-                  f"{rows[-1]['sentences_per_s']:8.1f} sent/s  x{rows[-1]['speedup']:<5}  BLEU {rows[-1]['bleu']}",
-                  file=sys.stderr)
+            progress(f"{configuration_name(engine, compute_type, rows[-1]['backend'], threads)}: "
+                     f"{rows[-1]['sentences_per_s']} sentences/s, {rows[-1]['speedup']}x fairseq-generate's, "
+                     f"BLEU {rows[-1]['bleu']}")
 
     header = ("| engine | weights | backend | threads | sentences/s | tokens/s | speed-up | BLEU | "
               "identical to fairseq |\n"

@@ -21,6 +21,8 @@ either model's step time by several percent from run to run. ``--malloc retain``
 benchmark with ``GLIBC_TUNABLES`` that keep freed memory in the process (no page faults after
 warm-up), which isolates the models' own compute.
 
+A line on stderr announces every phase and every repetition as it starts, with the time elapsed.
+
 Every ratio row also gets, in the JSON, a 95 % bootstrap interval of its median; ``--pool``
 combines the pairs of several saved reports.
 
@@ -45,6 +47,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from fairseq_rope_tools.cli import progress_sayer
 from fairseq_rope_tools.files import write_text_atomically
 from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
 
@@ -64,6 +67,8 @@ D256 = dict(encoder_embed_dim=256, decoder_embed_dim=256, encoder_ffn_embed_dim=
 # --clock: wall time, or the CPU seconds of this process (all its threads)
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 MODELS = ("baseline", "rope")
+
+progress = progress_sayer("benchmark-speed")  # timed from the start of the tool
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,9 +158,15 @@ class Stopwatch:
         return seconds, page_faults() - before
 
 
-def compare(run, reps, device, faults_unit, **details):
+def announce_reps(label, reps):
+    """``on_rep`` for alternate: ``LABEL: rep 2/7`` as each pair starts."""
+    return lambda rep: progress(f"{label}: rep {rep}/{reps}")
+
+
+def compare(run, reps, device, faults_unit, label, **details):
     """Alternate ``run("baseline")`` and ``run("rope")`` -- each returns (speed, page faults) --
-    ``reps`` times: the summary of the speeds with ``details``, and on the CPU the fault counts."""
+    ``reps`` times, announced as ``LABEL: rep 2/7``: the summary of the speeds with ``details``,
+    and on the CPU the fault counts."""
     faults = {name: [] for name in MODELS}
 
     def measure(name):
@@ -163,7 +174,8 @@ def compare(run, reps, device, faults_unit, **details):
         faults[name].append(count)
         return speed
 
-    result = summarise(*alternate(lambda: measure("baseline"), lambda: measure("rope"), reps))
+    result = summarise(*alternate(lambda: measure("baseline"), lambda: measure("rope"), reps,
+                                  on_rep=announce_reps(label, reps)))
     result.update(details)
     if device.type == "cpu":
         result["page_faults"] = summarise_counts(faults["baseline"], faults["rope"], faults_unit)
@@ -174,7 +186,7 @@ def compare(run, reps, device, faults_unit, **details):
 # benchmarks
 
 
-def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_rep_seconds):
+def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_rep_seconds, label="training"):
     """Target tokens per second of training steps of the two models of ``archs``; every
     repetition runs enough steps to last ``min_rep_seconds`` (timed on the baseline)."""
     runs = {}
@@ -200,11 +212,11 @@ def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_r
         seconds, faults = stopwatch.seconds_and_faults(steps)
         return tokens * n_steps / seconds, faults / n_steps
 
-    return compare(run, reps, stopwatch.device, "faults/step", unit="target tokens/s", tokens_per_batch=tokens,
-                   sentences=sentences, steps_per_rep=n_steps)
+    return compare(run, reps, stopwatch.device, "faults/step", label, unit="target tokens/s",
+                   tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
 
 
-def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4):
+def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4, label="generation"):
     """Sentences per second of beam search with incremental decoding, every hypothesis forced to
     ``length`` tokens so that both models do the same work."""
     from fairseq.sequence_generator import SequenceGenerator
@@ -232,8 +244,8 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
         assert hyp_lengths == {length + 1}, f"unequal hypothesis lengths {hyp_lengths}"
         return sentences / seconds, faults
 
-    return compare(run, reps, stopwatch.device, "faults/generate call", unit="sentences/s", sentences=sentences,
-                   length=length, beam=beam)
+    return compare(run, reps, stopwatch.device, "faults/generate call", label, unit="sentences/s",
+                   sentences=sentences, length=length, beam=beam)
 
 
 def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
@@ -273,6 +285,7 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     ]
     results = {}
     for label, fn in variants:
+        progress(f"rotation, {label}: {reps} reps of {inner} call(s)")
         a, b = alternate(lambda: stopwatch.seconds(copy) / inner, lambda fn=fn: stopwatch.seconds(fn) / inner, reps)
         res = summarise(a, b, higher_is_better=False)
         res.update(unit="ms", shape=[length, sentences, embed], bytes=2 * q.numel() * q.element_size())
@@ -314,9 +327,9 @@ def memory_child(arch, device, vocab, sentences, length, steps):
     print("MEMORY_JSON " + json.dumps(out))
 
 
-def bench_memory(archs, child_args, reps):
+def bench_memory(archs, child_args, reps, label="memory"):
     """Peak training memory of each model of ``archs``, each in a fresh process run with
-    ``--memory-child ARCH`` and ``child_args``."""
+    ``--memory-child ARCH`` and ``child_args``; ``reps`` pairs, announced as ``LABEL: rep 2/3``."""
 
     def measure(arch):
         # A fixed glibc mmap threshold returns every large tensor to the OS when it is freed, so
@@ -331,7 +344,8 @@ def bench_memory(archs, child_args, reps):
         return json.loads(line[len("MEMORY_JSON "):])
 
     base_arch, rope_arch = archs
-    results_a, results_b = alternate(lambda: measure(base_arch), lambda: measure(rope_arch), reps)
+    results_a, results_b = alternate(lambda: measure(base_arch), lambda: measure(rope_arch), reps,
+                                     on_rep=announce_reps(label, reps))
     out = {}
     for key in ("peak_mib", "peak_above_start_mib"):
         if key in results_a[0]:
@@ -477,27 +491,31 @@ def run_benchmarks(args, device, stopwatch):
     results, rows = {}, []
     for dim in args.dims:
         archs = ARCHS[dim]
+        models = f"{archs[0]} and {archs[1]}"
         if "train" not in args.skip:
+            progress(f"{dim} training: building {models}, {args.warmup} warm-up step(s) each")
             batch = make_batch(task, sentences, args.length, device)
             res = bench_training(archs, task, batch, stopwatch, args.reps, args.warmup, args.steps,
-                                 args.min_rep_seconds)
+                                 args.min_rep_seconds, label=f"{dim} training")
             results[f"train_{dim}"] = res
             rows += speed_rows(dim, "training throughput", "training step", res)
-            print(f"[{dim}] training done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
+            progress(f"{dim} training done: RoPE / baseline {res['ratio_median']:.3f}")
         if "memory" not in args.skip:
-            res = bench_memory(archs, memory_child_args(args), args.memory_reps)
+            progress(f"{dim} memory: {models}, a fresh process each")
+            res = bench_memory(archs, memory_child_args(args), args.memory_reps, label=f"{dim} memory")
             results[f"memory_{dim}"] = res
             target = "<= 1.02" if dim == "base" else ""
             rows.append((f"{dim}: peak training memory (process)", res["peak_mib"], target))
             if "peak_above_start_mib" in res:
                 rows.append((f"{dim}: peak training memory (above model + batch)", res["peak_above_start_mib"], target))
-            print(f"[{dim}] memory done", file=sys.stderr, flush=True)
+            progress(f"{dim} memory done")
         if "generate" not in args.skip:
+            progress(f"{dim} generation: building {models}, {args.warmup} warm-up call(s) each")
             res = bench_generation(archs, task, args.gen_sentences, args.gen_length, stopwatch, args.reps,
-                                   args.warmup)
+                                   args.warmup, label=f"{dim} generation")
             results[f"generate_{dim}"] = res
             rows += speed_rows(dim, "beam-4 generation", "generation call", res)
-            print(f"[{dim}] generation done: ratio {res['ratio_median']:.3f}", file=sys.stderr, flush=True)
+            progress(f"{dim} generation done: RoPE / baseline {res['ratio_median']:.3f}")
     if "rotation" not in args.skip:
         rotation = bench_rotation(sentences, args.length, stopwatch, args.rotation_reps, args.rotation_inner,
                                   args.warmup)

@@ -64,7 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints import score_bleu
-from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, plugin_dir, run_logged, terminate_running
+from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, duration, plugin_dir, run_logged, terminate_running
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data, compare_report
@@ -99,12 +99,6 @@ _print_lock = threading.Lock()
 def log(message):
     with _print_lock:
         print(f"[compare] {message}", flush=True)
-
-
-def duration(seconds):
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 # ---------------------------------------------------------------------------------- progress

@@ -9,11 +9,14 @@ import random
 import statistics
 
 
-def alternate(fn_a, fn_b, reps):
+def alternate(fn_a, fn_b, reps, on_rep=None):
     """A B A B ...; the order inside a pair flips every repetition (A B, B A, A B ...) so that
-    neither side always runs second. Returns the values of A and of B, pair by pair."""
+    neither side always runs second. Returns the values of A and of B, pair by pair.
+    ``on_rep(rep)``, if given, is called as each pair starts (rep 1 to ``reps``)."""
     a_values, b_values = [], []
     for rep in range(reps):
+        if on_rep is not None:
+            on_rep(rep + 1)
         if rep % 2 == 0:
             a_values.append(fn_a())
             b_values.append(fn_b())
