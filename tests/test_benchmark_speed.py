@@ -81,3 +81,15 @@ def test_median_interval_brackets_the_median_and_narrows_with_more_pairs():
     low_many, high_many = median_interval(many)
     assert low <= low_many <= 1.0 <= high_many <= high and (high_many - low_many) < (high - low)
     assert median_interval([0.99] * 9) == [0.99, 0.99]
+
+
+@pytest.mark.e2e
+def test_the_rotation_ablation_says_each_rep_before_its_table():
+    lines = run_cli_streaming(["fairseq-rope-ablate-rotation", "--dim", "tiny", "--reps", "2", "--tokens-per-batch", "64",
+                               "--length", "8", "--threads", "1"])
+    text = [line for line, _ in lines]
+    reps = [i for i, line in enumerate(text) if re.fullmatch(r"\[ablate-rotation\] tiny: rep \d/2, a training step "
+                                                              r"of each model \(\d+m\d\ds elapsed\)", line)]
+    table = next(i for i, line in enumerate(text) if line.startswith("tiny, 1 thread(s)"))
+    assert len(reps) == 2 and reps[-1] < table and lines[reps[0]][1], text  # the first while it ran
+    assert all(any(line.lstrip().startswith(name) for line in text[table:]) for name in ("stock", "rope"))

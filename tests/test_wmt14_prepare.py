@@ -89,8 +89,10 @@ def wmt14_archives(tmp_path_factory):
 
 def _prepare(work, *args, check=True, log=None):
     """prepare.sh; with ``log``, its stderr goes to that file as to a user's log, byte for byte (and
-    to proc.stderr too if it fails)."""
-    cmd = ["bash", PREPARE, "--work-dir", work, "--bpe-size", "300", "--workers", "1", *args]
+    to proc.stderr too if it fails). BPE learning reports its progress every 0.05 s, so that even
+    this small corpus gets such lines."""
+    cmd = ["env", "PROGRESS_INTERVAL=0.05", "bash", PREPARE, "--work-dir", work, "--bpe-size", "300", "--workers", "1",
+           *args]
     if log is not None:
         cmd = ["bash", "-c", 'log="$1"; shift; "$@" 2> "$log" || { status=$?; cat "$log" >&2; exit $status; }',
                "prepare-to-log", log, *cmd]
@@ -152,6 +154,11 @@ def test_learns_and_applies_joint_bpe_and_binarizes(prepared):
     assert "\r" not in text
     assert "[prepare] bpe: learning 300 joint subword-nmt merges\n" in text
     assert re.search(rf"^\[prepare\] bpe: learned {len(codes) - 1} merges in \d+ s$", text, re.M)
+    # and, while it learns, how far it is, until it is done
+    reached = [int(n) for n in re.findall(r"^\[prepare\] bpe: (\d+) of 300 merges learned after \d+ s$", text, re.M)]
+    assert reached and reached == sorted(reached) and reached[-1] <= len(codes) - 1
+    assert text.index("bpe: learning 300") < text.index(" of 300 merges learned after") < text.index("bpe: learned ")
+    assert " of 300 merges learned after" not in text[text.index("bpe: learned "):]
     bpe_train = _lines(work / "bpe/train.de")
     assert any("@@ " in line for line in bpe_train)
     assert [line.replace("@@ ", "") for line in bpe_train] == _lines(work / "clean/train.de")

@@ -49,6 +49,8 @@
 #   --replace-invalid-utf8 [REPLACE_INVALID_UTF8=1]  replace invalid UTF-8 bytes in the input with
 #                                      U+FFFD (reported per file) instead of stopping
 #   --workers N [WORKERS]              processes (default: all cores)
+#   [PROGRESS_INTERVAL]                seconds between the lines that say how many merges BPE
+#                                      learning has reached (60)
 #   [PYTHON, WMT14_URL, WMT13_URL]     the python to run, download mirrors
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" prepare   # HERE, ROOT, log, die, usage; WORK_DIR, SRC, TGT
@@ -67,6 +69,7 @@ CLEAN_MAX="${CLEAN_MAX:-250}"
 CLEAN_RATIO="${CLEAN_RATIO:-1.5}"
 REPLACE_INVALID_UTF8="${REPLACE_INVALID_UTF8:-0}"  # 1: invalid UTF-8 -> U+FFFD instead of an error
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+PROGRESS_INTERVAL="${PROGRESS_INTERVAL:-60}"  # seconds between the progress lines of BPE learning
 WMT14_URL="${WMT14_URL:-https://www.statmt.org/wmt14}"
 WMT13_URL="${WMT13_URL:-https://www.statmt.org/wmt13}"
 
@@ -144,7 +147,8 @@ if [[ "$LOCK_STATUS" == 3 ]]; then
     die "another prepare.sh ($(head -n 1 "$WORK_DIR/.prepare.pid" 2>/dev/null || echo 'PID unknown')) is preparing $WORK_DIR: wait for it to finish or stop it, or give another --work-dir"
 fi
 [[ "$LOCK_STATUS" == 0 ]] || die "cannot lock $WORK_DIR with $PYTHON (status $LOCK_STATUS)"
-trap 'rm -f "$WORK_DIR/.prepare.pid"' EXIT
+PROGRESS_PID=""  # a step's progress reporter, stopped with the script whatever ends it
+trap 'rm -f "$WORK_DIR/.prepare.pid"; [[ -z "$PROGRESS_PID" ]] || kill "$PROGRESS_PID" 2>/dev/null || true' EXIT
 printf 'PID %s on %s\n' "$$" "$(hostname 2>/dev/null || uname -n)" > "$WORK_DIR/.prepare.pid"
 export TEXT_TOOLS_PREFIX=prepare     # fairseq-rope-text errors read "[prepare] error: ..."
 UTF8_ARGS=()
@@ -178,6 +182,15 @@ nlines() {  # lines as the text tools count them: the "\n"s, plus a last line wi
     n="$(wc -l < "$1" | tr -d ' ')"
     if [[ -s "$1" && "$(tail -c 1 "$1" | od -An -tx1 | tr -d ' \n')" != 0a ]]; then n=$((n + 1)); fi
     echo "$n"
+}
+bpe_progress() {  # bpe_progress CODES: every PROGRESS_INTERVAL s, how many merges CODES holds
+    # (subword-nmt writes each merge as it learns it, in buffered chunks); run in the background
+    local started=$SECONDS n
+    while sleep "$PROGRESS_INTERVAL" < /dev/null > /dev/null 2>&1 && kill -0 $$ 2>/dev/null; do
+        n=0
+        [[ ! -f "$1" ]] || n=$(wc -l < "$1")
+        log "bpe: $(( n > 0 ? n - 1 : 0 )) of $BPE_SIZE merges learned after $(( SECONDS - started )) s"
+    done
 }
 check_parallel() {  # check_parallel STEP A B: both exist, are not empty and have as many lines
     local a b
@@ -409,9 +422,13 @@ step_bpe() {
     if [[ "$BPE" == subword-nmt ]]; then
         log "bpe: learning $BPE_SIZE joint subword-nmt merges"
         started=$SECONDS
+        bpe_progress "$bpe.tmp/codes" 9>&- &  # not holding the work dir's lock (fd 9) a moment too long
+        PROGRESS_PID=$!
         subword-nmt learn-joint-bpe-and-vocab --input "$WORK_DIR/clean/train.$SRC" "$WORK_DIR/clean/train.$TGT" \
             -s "$BPE_SIZE" -o "$bpe.tmp/codes" \
             --write-vocabulary "$bpe.tmp/vocab.$SRC" "$bpe.tmp/vocab.$TGT"
+        kill "$PROGRESS_PID" 2>/dev/null || true
+        PROGRESS_PID=""
         # codes: a "#version" line, then one merge a line (fewer than asked when no pair repeats)
         log "bpe: learned $(( $(nlines "$bpe.tmp/codes") - 1 )) merges in $(( SECONDS - started )) s"
     else

@@ -5,7 +5,7 @@ Times forward + backward + Adam step, alternating in one process, for three mode
 inputs: stock ``transformer`` (sinusoidal), ``transformer_rope``, and ``transformer_rope`` with
 the rotation replaced by the identity (same attention code path, no rotation). Prints the
 per-step times, their medians and the minor page faults per step (``--malloc retain``: see
-benchmark_speed.py).
+benchmark_speed.py); a line on stderr as the warm-up and each repetition start.
 
     fairseq-rope-ablate-rotation --dim base --reps 4
 """
@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from fairseq_rope_tools.cli import progress_sayer
 from fairseq_rope_tools.research.benchmark_speed import ARCHS, build_on, make_batch, train_step
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
@@ -30,6 +31,7 @@ def main():
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--malloc", choices=["default", "retain"], default="default")
     args = parser.parse_args()
+    progress = progress_sayer("ablate-rotation")
     use_malloc(args.malloc)
     torch.set_num_threads(args.threads)
 
@@ -60,10 +62,12 @@ def main():
         finally:
             RotaryEmbedding.rotate = rotate
 
+    progress(f"{args.dim}: one warm-up step of each of {', '.join(models)}")
     for name in models:
-        step(name)  # warm-up
+        step(name)
     times = {name: [] for name in models}
     for rep in range(args.reps):
+        progress(f"{args.dim}: rep {rep + 1}/{args.reps}, a training step of each model")
         for name in (list(models) if rep % 2 == 0 else list(models)[::-1]):
             times[name].append(step(name))
     print(f"{args.dim}, {args.threads} thread(s), malloc {args.malloc}, seconds per training step:")
