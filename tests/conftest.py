@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _cli_command(args, env):
+def cli_command(args, env):
     """The command line and environment run_cli runs ``args`` with (only from an e2e test)."""
     if _fast_test_running is not None:
         raise AssertionError(f"{_fast_test_running} runs `{' '.join(map(str, args[:2]))} ...` as a user would, "
@@ -32,7 +32,7 @@ def _cli_command(args, env):
 
 def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
     """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
-    cmd, full_env = _cli_command(args, env)
+    cmd, full_env = cli_command(args, env)
     proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -46,7 +46,7 @@ def run_cli_streaming(args, cwd=REPO, timeout=600, env=None):
     """Run a command as run_cli does, its stderr merged into its stdout, reading every line as it
     comes: [(line, running)], ``running`` whether the command had not exited yet when the line was
     read. Raises AssertionError if the command fails or runs past ``timeout`` seconds."""
-    cmd, full_env = _cli_command(args, env)
+    cmd, full_env = cli_command(args, env)
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     killer = threading.Timer(timeout, proc.kill)

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import BIN, REPO, run_cli
+from conftest import REPO, cli_command, run_cli
 
 from fairseq_rope_tools import cli, training_log
 from fairseq_rope_tools.research import compare_data, significance
@@ -427,9 +427,9 @@ def test_a_killed_training_resumes_from_its_last_checkpoint(tiny_data_bin, tmp_p
             "--seeds", "1", "--max-update", "24", "--max-tokens", "600", "--average-last", "2",
             "--save-interval-updates", "4", "--batch-size", "100", "--threads", "1"]
     run_dir = tmp_path / "compare" / "runs" / "rope" / "seed1"
-    harness_run = subprocess.Popen([str(BIN / COMPARE), *map(str, args[1:])], cwd=REPO, start_new_session=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    cmd, env = cli_command(args, None)
+    harness_run = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in harness_run.stdout:  # killed at the first update logged after a checkpoint
