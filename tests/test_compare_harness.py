@@ -189,7 +189,31 @@ def test_extrapolation_scalings_take_a_factor_as_their_specs_say():
         "+ntkx2": {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}}
 
 
+@pytest.mark.e2e
+def test_ctranslate2_length_buckets_decode_beside_fairseq_and_record_their_time(tiny_data_bin, tmp_path):
+    out = tmp_path / "compare"
+    proc = run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", "rope", "--baseline", "rope",
+                    *TINY_RUN, "--length-split", "6", "--max-len-a", "0", "--max-len-b", "30",
+                    "--extrapolation-scaling", "dynamic-yarn", "--ctranslate2-length-buckets", "2", "3"], timeout=400)
+    assert "rope seed 1+ctranslate2-buckets: decoding test with CTranslate2" in proc.stdout
+    run = json.loads((out / "results.json").read_text())["results"]["rope"][0]
+    assert set(run["decodes"]) == {"", "+dynamic-yarn", "+ctranslate2-buckets"}
+    test_lines = len((out / "text" / "test.en").read_text().splitlines())
+    ct2 = run["decodes"]["+ctranslate2-buckets"]
+    assert sum(ct2["decoding_time"]["buckets"].values()) == test_lines
+    assert set(ct2["decoding_time"]["buckets"]) == {"plain", "yarn x2", "yarn x3"}
+    assert ct2["decoding_time"]["buckets"]["plain"] > 0 and ct2["decoding_time"]["buckets"]["yarn x3"] > 0
+    for decode in run["decodes"].values():
+        assert decode["decoding_time"]["seconds"] > 0
+        assert sum(b["sentences"] for b in decode["bleu_by_length"].values()) == test_lines
+    run_dir = out / "runs" / "rope" / "seed1"
+    assert json.loads((run_dir / "ct2_length_buckets" / "length_buckets.json").read_text())["buckets"][2]["factor"] == 3
+    assert "`rope+ctranslate2-buckets`" in (out / "results.md").read_text()
+
+
 @pytest.mark.parametrize("bad", [["--data-bin", "x", "--length-split", "5"],
+                                 ["--raw-dir", "x", "--ctranslate2-length-buckets"],
+                                 ["--data-bin", "x", "--ctranslate2-length-buckets", "--max-len-a", "0"],
                                  ["--raw-dir", "x", "--extrapolation-scaling", "rope:2"],
                                  ["--raw-dir", "x", "--extrapolation-scaling", "dynamic-yarn:2"],
                                  ["--raw-dir", "x", "--variants", "rope", "learned"],  # no baseline

@@ -130,10 +130,13 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     ("transformer_rope_tiny", ["--rope-values"], "--rope-values"),
     ("transformer_rope_tiny", ["--attention-kind", "linear"], "--attention-kind linear"),
     ("transformer_rope_tiny", ["--rope-scaling", "ntk", "--rope-scaling-factor", "2"], "--rope-scaling ntk"),
-    ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "2",
-                               "--rope-scaling-original-length", "20"], "--rope-scaling yarn"),
+    ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "2", "--rope-fraction", "0.5",
+                               "--rope-scaling-original-length", "20"],
+     "--rope-scaling yarn with --rope-fraction 0.5: CTranslate2 applies the logit temperature to the rotated "
+     "channels only"),
     ("transformer_rope_tiny", ["--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", "20"],
-     "--rope-scaling dynamic-yarn: the factor is chosen per sentence"),
+     "--rope-scaling dynamic-yarn: the factor is chosen per sentence, and CTranslate2 has one rotary scaling for "
+     "every sentence: export one static yarn per length bucket with --length-buckets"),
     ("transformer_rope_tiny", ["--encoder-normalize-before"], "--encoder-normalize-before"),
     ("transformer_rpe_tiny", [], "--arch transformer_rpe_tiny"),
     ("transformer_tiny", ["--no-token-positional-embeddings"], "--no-token-positional-embeddings"),
@@ -150,10 +153,9 @@ def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
     data_bin, checkpoints = trained
     out = tmp_path / "refused"
     proc = run_cli([EXPORT, "--checkpoint", checkpoints["rope"], "--data-bin", data_bin,
-                    "--output-dir", out, "--rope-scaling", "yarn", "--rope-scaling-factor", "2",
-                    "--rope-scaling-original-length", "20"], check=False)
+                    "--output-dir", out, "--rope-scaling", "ntk", "--rope-scaling-factor", "2"], check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("fairseq-rope-export: error: --rope-scaling yarn")
+    assert proc.stderr.strip().splitlines()[-1].startswith("fairseq-rope-export: error: --rope-scaling ntk")
     assert list(tmp_path.iterdir()) == []
     # an existing output is kept unless --force
     out.mkdir()

@@ -26,7 +26,7 @@ TOY = ScalingSpec(
     "toy-halved", "linear interpolation by s / 2 (a test kind)",
     lambda d, theta, s, length: linear_frequencies(d, theta, s / 2, length),
     needs_training_length=True, check=_at_most_eight,
-    ctranslate2=lambda s: {"rotary_scaling_type": "Linear", "rotary_scaling_factor": s / 2},
+    ctranslate2=lambda rotary_dim, theta, s, length: {"rotary_scaling_type": "Linear", "rotary_scaling_factor": s / 2},
 )
 
 
@@ -77,7 +77,7 @@ def test_a_new_kind_is_exported_as_its_spec_says(toy, monkeypatch):
     assert ctranslate2_rotary_scaling(toy.name, 4.0) == {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 2.0}
     monkeypatch.setitem(rope_scaling.ROPE_SCALINGS, toy.name, ScalingSpec(toy.name, "", toy.frequencies))
     with pytest.raises(NotExportable, match=r"^--rope-scaling toy-halved: CTranslate2's rotary scalings do not "
-                                            r"include it \(export with none or linear\)$"):
+                                            r"include it \(export with none, linear or yarn\)$"):
         ctranslate2_rotary_scaling(toy.name, 4.0)
 
 
@@ -85,6 +85,7 @@ def test_a_new_kind_is_exported_as_its_spec_says(toy, monkeypatch):
     ("none", 1.0, {}),
     ("linear", 1.0, {}),
     ("linear", 4.0, {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 4.0}),
+    ("yarn", 1.0, {}),
 ])
 def test_what_ctranslate2_expresses(scaling, factor, expressed):
     assert ctranslate2_rotary_scaling(scaling, factor) == expressed
@@ -92,7 +93,6 @@ def test_what_ctranslate2_expresses(scaling, factor, expressed):
 
 @pytest.mark.parametrize("scaling, reason", [
     ("ntk", "CTranslate2's rotary scalings do not include it"),
-    ("yarn", "CTranslate2's rotary scalings do not include it"),
     ("dynamic-ntk", "the factor is chosen per sentence, and CTranslate2 has one rotary scaling for every sentence"),
     ("dynamic-yarn", "the factor is chosen per sentence, and CTranslate2 has one rotary scaling for every sentence"),
 ])

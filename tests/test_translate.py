@@ -52,10 +52,10 @@ def model(tmp_path_factory):
     return work, save_dir / "checkpoint_last.pt"
 
 
-def _evaluate(work, checkpoint, engine, check=True):
+def _evaluate(work, checkpoint, engine, check=True, **knobs):
     return run_cli(["bash", EVALUATE, "--engine", engine], check=check, env={
         "WORK_DIR": str(work), "SAVE_DIR": str(checkpoint.parent), "CHECKPOINT": str(checkpoint), "CPU": "1",
-        "THREADS": "1"})
+        "THREADS": "1", **knobs})
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +239,26 @@ def test_evaluate_with_ctranslate2_scores_as_fairseq(model, evaluated):
     again = _evaluate(work, checkpoint, "ctranslate2")
     assert "wrote" in again.stderr and json.loads(info_path.read_text())["sha256"] == info["sha256"]
     assert json.loads((ct2_dir / "scores.json").read_text()) == ct2
+
+
+@pytest.mark.e2e
+def test_evaluate_with_dynamic_yarn_decodes_by_length_bucket_in_ctranslate2(model, evaluated):
+    """ROPE_SCALING=dynamic-yarn: fairseq-generate scales per sentence, CTranslate2 exports a model
+    per length bucket; the test sentences are within the training length, so both give the plain
+    model's hypotheses, CTranslate2 through its plain bucket."""
+    work, checkpoint = model
+    plain = _lines(evaluated["fairseq"][0] / "hyp.tok.de")
+    for engine, suffix in (("fairseq", ""), ("ctranslate2", "_ct2")):
+        proc = _evaluate(work, checkpoint, engine, ROPE_SCALING="dynamic-yarn", LENGTH_BUCKETS="2 4")
+        eval_dir = checkpoint.parent / f"eval_checkpoint_last_test{suffix}_dynamic-yarn_2_4"
+        assert _lines(eval_dir / "hyp.tok.de") == plain, engine
+    assert re.search(r"\[evaluate\] length buckets \(L = \d+ tokens\): plain 20, yarn x2 0, yarn x4 0", proc.stderr)
+    buckets = checkpoint.parent / "ct2_checkpoint_last_dynamic-yarn_2_4"
+    assert sorted(p.name for p in buckets.iterdir()) == ["length_buckets.json", "plain", "yarn_x2", "yarn_x4"]
+    generate_log = (checkpoint.parent / "eval_checkpoint_last_test_dynamic-yarn_2_4" / "generate.log").read_text()
+    assert "'rope_scaling': 'dynamic-yarn'" in generate_log  # fairseq logs its configuration, overrides included
+    proc = _evaluate(work, checkpoint, "fairseq", check=False, ROPE_SCALING="yarn", LENGTH_BUCKETS="2")
+    assert proc.returncode == 1 and "LENGTH_BUCKETS goes with ROPE_SCALING=dynamic-yarn" in proc.stderr
 
 
 @pytest.mark.e2e

@@ -7,6 +7,10 @@
 #     e.g. SAVE_DIR, is refused and left as it is) and decode the BPE'd test source
 #     WORK_DIR/bpe/SUBSET.SRC with fairseq-rope-translate: the same beam, length penalty and
 #     200-token limit, BPE removed the same way
+#   ROPE_SCALING=dynamic-yarn (or another --rope-scaling kind, with ROPE_SCALING_FACTOR): decode
+#     with that scaling; fairseq-generate takes it through --model-overrides, CTranslate2 through the
+#     export: dynamic-yarn as one static-yarn model per length bucket (--length-buckets
+#     LENGTH_BUCKETS), each sentence decoded by the model of its length
 #   -> tokenized BLEU with compound splitting (the convention behind the paper's 27.3 / 27.5)
 #   -> sacreBLEU on detokenized output, with its signature
 # Files written to OUT_DIR: generate.out (fairseq's full output; fairseq engine), hyp.tok.TGT
@@ -48,14 +52,38 @@ THREADS="${THREADS:-${OMP_NUM_THREADS:-}}"         # CPU threads of either engin
 # ENGINE=ctranslate2 only:
 BPE_SRC="${BPE_SRC:-$WORK_DIR/bpe/$SUBSET.$SRC}"   # the BPE'd source the data-bin's SUBSET was made from
 QUANTIZATION="${QUANTIZATION:-none}"               # export: none, int8, int8_float32, float16, bfloat16
-CT2_DIR="${CT2_DIR:-$SAVE_DIR/ct2_$(basename "$CHECKPOINT" .pt)$([[ "$QUANTIZATION" == none ]] || echo "_$QUANTIZATION")}"
 COMPUTE_TYPE="${COMPUTE_TYPE:-}"                   # empty: as exported (float16 on GPU unless FP16=0)
+# either engine: inputs longer than in training (docs/position_encodings.md)
+ROPE_SCALING="${ROPE_SCALING:-none}"               # none, linear, ntk, yarn, dynamic-ntk, dynamic-yarn
+ROPE_SCALING_FACTOR="${ROPE_SCALING_FACTOR:-}"     # s of linear, ntk and yarn
+LENGTH_BUCKETS="${LENGTH_BUCKETS:-}"               # ctranslate2 with dynamic-yarn: factors (empty: 1.5 2 3 4)
+[[ "$ROPE_SCALING" =~ ^[a-z-]+$ ]] || die "ROPE_SCALING must be a --rope-scaling kind (none, yarn, dynamic-yarn, ...), not '$ROPE_SCALING'"
+[[ -z "$ROPE_SCALING_FACTOR" || "$ROPE_SCALING_FACTOR" =~ ^[0-9]+(\.[0-9]+)?$ ]] \
+    || die "ROPE_SCALING_FACTOR must be a number, not '$ROPE_SCALING_FACTOR'"
+[[ -z "$LENGTH_BUCKETS" || "$LENGTH_BUCKETS" =~ ^[0-9.\ ]+$ ]] \
+    || die "LENGTH_BUCKETS must be factors separated by spaces (e.g. '1.5 2 3 4'), not '$LENGTH_BUCKETS'"
+[[ -z "$LENGTH_BUCKETS" || "$ROPE_SCALING" == dynamic-yarn ]] || die "LENGTH_BUCKETS goes with ROPE_SCALING=dynamic-yarn"
+SCALING_ARGS=()                                    # the exporter's flags of the scaling
+OVERRIDES=""                                       # fairseq-generate's --model-overrides of it
+SCALING_SUFFIX=""
+if [[ "$ROPE_SCALING" != none ]]; then
+    SCALING_ARGS=(--rope-scaling "$ROPE_SCALING" ${ROPE_SCALING_FACTOR:+--rope-scaling-factor "$ROPE_SCALING_FACTOR"})
+    OVERRIDES="{'rope_scaling': '$ROPE_SCALING'${ROPE_SCALING_FACTOR:+, 'rope_scaling_factor': $ROPE_SCALING_FACTOR}}"
+    SCALING_SUFFIX="_$ROPE_SCALING${ROPE_SCALING_FACTOR:+x$ROPE_SCALING_FACTOR}"
+    if [[ "$ROPE_SCALING" == dynamic-yarn ]]; then
+        # CTranslate2 has one scaling per model: plain RoPE and static yarn per length bucket
+        read -r -a BUCKET_FACTORS <<< "$LENGTH_BUCKETS"
+        SCALING_ARGS=(--length-buckets "${BUCKET_FACTORS[@]}")
+        SCALING_SUFFIX="${SCALING_SUFFIX}${LENGTH_BUCKETS:+_$(tr ' ' _ <<< "$LENGTH_BUCKETS")}"
+    fi
+fi
 case "$ENGINE" in
     fairseq) ENGINE_SUFFIX="" ;;
     ctranslate2) ENGINE_SUFFIX="_ct2$([[ "$QUANTIZATION" == none ]] || echo "_$QUANTIZATION")${COMPUTE_TYPE:+_$COMPUTE_TYPE}" ;;
     *) die "--engine (ENGINE) must be fairseq or ctranslate2, not '$ENGINE'" ;;
 esac
-OUT_DIR="${OUT_DIR:-$SAVE_DIR/eval_$(basename "$CHECKPOINT" .pt)_$SUBSET$ENGINE_SUFFIX}"
+CT2_DIR="${CT2_DIR:-$SAVE_DIR/ct2_$(basename "$CHECKPOINT" .pt)$([[ "$QUANTIZATION" == none ]] || echo "_$QUANTIZATION")$SCALING_SUFFIX}"
+OUT_DIR="${OUT_DIR:-$SAVE_DIR/eval_$(basename "$CHECKPOINT" .pt)_$SUBSET$ENGINE_SUFFIX$SCALING_SUFFIX}"
 
 [[ -f "$CHECKPOINT" ]] || die "no checkpoint $CHECKPOINT: run train.sh and average.sh first (or set CHECKPOINT)"
 [[ -f "$DATA_BIN/dict.$TGT.txt" ]] || die "no data-bin at $DATA_BIN: run prepare.sh first (or set DATA_BIN)"
@@ -99,6 +127,7 @@ if [[ "$ENGINE" == fairseq ]]; then
         --path "$CHECKPOINT" --user-dir "$(plugin_dir)" \
         --beam "$BEAM" --lenpen "$LENPEN" "${REMOVE_BPE[@]}" \
         --max-tokens "$MAX_TOKENS" --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${DEVICE_ARGS[@]}" \
+        ${OVERRIDES:+--model-overrides "$OVERRIDES"} \
         > "$OUT_DIR/generate.out.tmp" 2> "$OUT_DIR/generate.log" \
         || { tail -n 20 "$OUT_DIR/generate.log" >&2; die "fairseq-generate failed (log: $OUT_DIR/generate.log)"; }
     mv "$OUT_DIR/generate.out.tmp" "$OUT_DIR/generate.out"
@@ -120,7 +149,8 @@ else
     # 1. export, unless CT2_DIR already holds this very checkpoint (size, sha256) at this quantization.
     # --force replaces an earlier export only; the exporter's one-line refusal is the message
     fairseq-rope-export --checkpoint "$CHECKPOINT" --data-bin "$DATA_BIN" \
-        --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" --if-changed --force > "$OUT_DIR/export.log" 2>&1 \
+        --output-dir "$CT2_DIR" --quantization "$QUANTIZATION" "${SCALING_ARGS[@]}" --if-changed --force \
+        > "$OUT_DIR/export.log" 2>&1 \
         || { refusal="$(sed -n 's/^fairseq-rope-export: error: //p' "$OUT_DIR/export.log" | tail -n 1)"
              [[ -z "$refusal" ]] || die "export to CTranslate2 refused (CT2_DIR is its --output-dir): $refusal"
              grep -v -e '^INFO' -e tensorboardX "$OUT_DIR/export.log" | tail -n 5 >&2
@@ -137,9 +167,10 @@ else
     fairseq-rope-translate --engine ctranslate2 --model-dir "$CT2_DIR" --data-bin "$DATA_BIN" \
         --src "$SRC" --tgt "$TGT" --input-format bpe --output-format tok --beam "$BEAM" --lenpen "$LENPEN" \
         --batch-size "$BATCH_SIZE" --device "$DEVICE" --compute-type "${COMPUTE_TYPE:-default}" \
-        ${THREADS:+--threads "$THREADS"} --quiet --stats-json "$OUT_DIR/speed.json" \
+        ${THREADS:+--threads "$THREADS"} --stats-json "$OUT_DIR/speed.json" \
         --output "$OUT_DIR/hyp.tok.$TGT" "$BPE_SRC" 2> "$OUT_DIR/translate.log" \
         || { tail -n 5 "$OUT_DIR/translate.log" >&2; die "CTranslate2 decoding failed (log: $OUT_DIR/translate.log)"; }
+    grep -h '^\[translate\] length buckets' "$OUT_DIR/translate.log" | sed 's/^\[translate\]/[evaluate]/' >&2 || true
     python - "$OUT_DIR/speed.json" > "$OUT_DIR/speed.txt" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))

@@ -40,6 +40,7 @@ import errno
 import glob
 import hashlib
 import json
+import math
 import os
 import sys
 
@@ -48,12 +49,16 @@ from fairseq_rope.checkpoints import is_readable_checkpoint
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.model_options import model_config, registered_model_name
 from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_scaling
+from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
+from fairseq_rope.training_lengths import training_length
 from fairseq_rope_tools.cli import sigterm_unwinds
+from fairseq_rope_tools.deploy.exported import EXPORT_INFO, LENGTH_BUCKETS, read_bucket_manifest
 from fairseq_rope_tools.files import replace_directory
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
-EXPORT_INFO = "export_info.json"
+DEFAULT_BUCKET_FACTORS = (1.5, 2.0, 3.0, 4.0)
+PLAIN_BUCKET = "plain"
 # what an export holds: CTranslate2's files for a translation model (.txt: older versions), and ours
 EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO} | {
     f"{kind}vocabulary.{ext}" for kind in ("", "shared_", "source_", "target_") for ext in ("json", "txt")})
@@ -106,30 +111,52 @@ def check_exportable(args) -> None:
 
 
 def _rotary_scaling(args) -> dict:
-    """CTranslate2's arguments for the model's --rope-scaling, as its ScalingSpec says."""
+    """CTranslate2's self-attention attributes for the model's --rope-scaling, as its ScalingSpec says."""
+    head_dim = args.encoder_embed_dim // args.encoder_attention_heads
+    rotary_dim = rotary_dim_for(head_dim, args.rope_fraction)
     try:
-        return ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor)
+        scaling = ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor, rotary_dim,
+                                             args.rope_theta, training_length(args))
     except NotExportable as e:
         raise ExportRefused(str(e)) from None
+    if "max_position_embeddings" in scaling and rotary_dim != head_dim:
+        # CTranslate2 scales sin and cos, so its logit temperature reaches the rotated channels only
+        raise ExportRefused(f"--rope-scaling {args.rope_scaling} with --rope-fraction {args.rope_fraction:g}: "
+                            "CTranslate2 applies the logit temperature to the rotated channels only; "
+                            "only models with --rope-fraction 1 are exported with it")
+    return scaling
 
 
 def _rotary_settings(args, head_dim):
-    """The CTranslate2 spec arguments that reproduce our rotation (none for a stock model)."""
+    """The CTranslate2 spec arguments of our rotation without its scaling (none for a stock model)."""
     if registered_model_name(args.arch) != "transformer_rope":
         return {}
-    from ctranslate2.specs import attention_spec
-
-    from fairseq_rope.modules.rotary import rotary_dim_for
-
-    settings = dict(
+    return dict(
         rotary_dim=rotary_dim_for(head_dim, args.rope_fraction),
         rotary_interleave=args.rope_layout == "interleaved",
         rotary_base=float(args.rope_theta),
     )
-    scaling = _rotary_scaling(args)
-    if scaling:
-        scaling["rotary_scaling_type"] = getattr(attention_spec.RotaryScalingType, scaling["rotary_scaling_type"])
-    return {**settings, **scaling}
+
+
+def set_rotary_scaling(spec, scaling: dict) -> None:
+    """Write the attributes of :func:`_rotary_scaling` into every self-attention spec, in the types
+    CTranslate2's own specs use. Set past the specs' frozen attribute list: the encoder's
+    constructor declares no Su factors or length attributes, though CTranslate2 reads them in any
+    attention layer (one AttentionLayer class serves both sides)."""
+    import numpy as np
+    from ctranslate2.specs import attention_spec
+
+    def typed(name, value):
+        if name == "rotary_scaling_type":
+            return np.dtype("int8").type(getattr(attention_spec.RotaryScalingType, value))
+        if isinstance(value, list):
+            return np.asarray(value, dtype=np.float32)
+        return np.dtype("int32" if isinstance(value, int) else "float32").type(value)
+
+    for side in (spec.encoder, spec.decoder):
+        for layer in side.layer:
+            for name, value in scaling.items():
+                object.__setattr__(layer.self_attention, name, typed(name, value))
 
 
 def build_spec(args, model, task):
@@ -147,6 +174,8 @@ def build_spec(args, model, task):
         transformer_spec.TransformerEncoderSpec(args.encoder_layers, args.encoder_attention_heads, **common),
         transformer_spec.TransformerDecoderSpec(args.decoder_layers, args.decoder_attention_heads, **common),
     )
+    if registered_model_name(args.arch) == "transformer_rope":
+        set_rotary_scaling(spec, _rotary_scaling(args))
     for side_spec, module in ((spec.encoder, model.encoder), (spec.decoder, model.decoder)):
         _set_inputs(side_spec, module, ct2_fairseq)
         for layer_spec, layer in zip(side_spec.layer, module.layers):
@@ -185,19 +214,25 @@ def _checkpoint_identity(path):
     return {"checkpoint": os.path.realpath(path), "size": size, "sha256": digest.hexdigest()}
 
 
-def is_current(output_dir, checkpoint, quantization="none", overrides=None) -> bool:
+def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None) -> bool:
     """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
-    quantization and inference overrides, and records the model's length limits (an export
-    from before they were recorded is not current)."""
-    info_path = os.path.join(output_dir, EXPORT_INFO)
-    if not os.path.isfile(os.path.join(output_dir, "model.bin")) or not os.path.isfile(info_path):
-        return False
+    quantization, inference overrides and length buckets, and records the model's length limits (an
+    export from before they were recorded is not current)."""
     try:
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
+        if length_buckets:
+            manifest = read_bucket_manifest(output_dir)
+            if [b["factor"] for b in manifest["buckets"]] != [1.0, *length_buckets]:
+                return False
+            info = manifest
+            complete = all(os.path.isfile(os.path.join(output_dir, b["directory"], "model.bin"))
+                           for b in manifest["buckets"])
+        else:
+            with open(os.path.join(output_dir, EXPORT_INFO), encoding="utf-8") as f:
+                info = json.load(f)
+            complete = os.path.isfile(os.path.join(output_dir, "model.bin"))
     except (OSError, ValueError):
         return False
-    if not isinstance(info, dict) or "max_source_positions" not in info:
+    if not complete or not isinstance(info, dict) or "max_source_positions" not in info:
         return False
     if (info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
             quantization, overrides or {}, os.path.getsize(checkpoint)):
@@ -207,12 +242,17 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None) -> b
 
 # --- the output rule: replace only an earlier export ------------------------------------------
 def _is_export(directory) -> bool:
-    """An export this tool wrote: export_info.json and model.bin, and no file it does not write."""
+    """An export this tool wrote: export_info.json and model.bin, and no file it does not write;
+    or a --length-buckets export: its manifest and the exports it lists, nothing else."""
     try:
         entries = list(os.scandir(directory))
+        if os.path.isfile(os.path.join(directory, LENGTH_BUCKETS)):
+            buckets = {b["directory"] for b in read_bucket_manifest(directory)["buckets"]}
+            return all(e.name == LENGTH_BUCKETS or (e.name in buckets and e.is_dir(follow_symlinks=False)
+                                                    and _is_export(e.path)) for e in entries)
         with open(os.path.join(directory, EXPORT_INFO), encoding="utf-8") as f:
             info = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         return False
     return (isinstance(info, dict) and "sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
             and all(e.name in EXPORT_FILES and e.is_file(follow_symlinks=False) for e in entries))
@@ -247,19 +287,24 @@ def _write_failure(output_dir, error: OSError) -> str:
     return f"--output-dir {output_dir}: cannot write it ({reason}): {advice}, or choose another --output-dir"
 
 
-def write_export(output_dir, write_model, info, checkpoint, data_bin, force) -> str:
-    """``write_model(dir)`` and ``info`` written as one directory that takes ``output_dir``'s
-    place when complete (:func:`~fairseq_rope_tools.files.replace_directory`): an export it
-    replaces is kept until then. Returns the real path."""
+def write_model_dir(model_dir, write_model, info) -> None:
+    """One export in the new directory ``model_dir``: CTranslate2's files and export_info.json."""
+    converted = os.path.join(model_dir, "model")  # CTranslate2 makes the directory it writes
+    write_model(converted)
+    for name in os.listdir(converted):
+        os.rename(os.path.join(converted, name), os.path.join(model_dir, name))
+    os.rmdir(converted)
+    with open(os.path.join(model_dir, EXPORT_INFO), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=1)
+
+
+def write_export(output_dir, write_all, checkpoint, data_bin, force) -> str:
+    """What ``write_all(dir)`` writes, as one directory that takes ``output_dir``'s place when
+    complete (:func:`~fairseq_rope_tools.files.replace_directory`): an export it replaces is kept
+    until then. Returns the real path."""
 
     def write(tmp):
-        model_dir = os.path.join(tmp, "model")  # CTranslate2 makes the directory it writes
-        write_model(model_dir)
-        for name in os.listdir(model_dir):
-            os.rename(os.path.join(model_dir, name), os.path.join(tmp, name))
-        os.rmdir(model_dir)
-        with open(os.path.join(tmp, EXPORT_INFO), "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=1)
+        write_all(tmp)
         check_output_dir(output_dir, checkpoint, data_bin, force)  # again: the conversion took a while
 
     try:
@@ -324,17 +369,68 @@ def setup_task(state, checkpoint, data_bin):
     return task
 
 
-def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None):
+def check_bucket_factors(factors) -> tuple:
+    """--length-buckets' factors, sorted: each a finite number > 1, none twice."""
+    for factor in factors:
+        if not (math.isfinite(factor) and factor > 1.0):
+            raise ExportError(f"--length-buckets: each factor must be a number > 1 (sentences within the training "
+                              f"length use the plain model), got {factor:g}")
+    if len(set(factors)) != len(factors):
+        raise ExportError(f"--length-buckets: a factor is given twice ({' '.join(f'{f:g}' for f in factors)})")
+    return tuple(sorted(factors))
+
+
+def bucket_models(args, overrides, factors) -> list:
+    """(factor, directory name, model configuration) of each bucket: plain RoPE, then static yarn
+    at each factor with the training length L the checkpoint recorded (or --rope-scaling-original-length)."""
+    flag_scaling = (overrides or {}).get("rope_scaling")
+    if registered_model_name(args.arch) != "transformer_rope":
+        raise ExportRefused(f"--length-buckets: --arch {args.arch} has no rotary positions to scale")
+    if flag_scaling not in (None, "dynamic-yarn") or (overrides or {}).get("rope_scaling_factor") is not None:
+        raise ExportError("--length-buckets exports plain RoPE and static yarn per bucket, as dynamic-yarn chooses "
+                          "per sentence: drop --rope-scaling and --rope-scaling-factor (or give --rope-scaling "
+                          "dynamic-yarn)")
+    if flag_scaling is None and args.rope_scaling not in ("none", "dynamic-yarn"):
+        raise ExportRefused(f"--length-buckets: the checkpoint decodes with --rope-scaling {args.rope_scaling}; "
+                            "buckets replace it by plain RoPE and static yarn: pass --rope-scaling dynamic-yarn to "
+                            "mean that")
+    length = training_length(args)
+    if length <= 0:
+        raise ExportError("--length-buckets needs the training length L, which the checkpoint does not record: "
+                          "pass --rope-scaling-original-length L")
+    plain = _Overridden(args, rope_scaling="none", rope_scaling_factor=1.0, rope_scaling_original_length=length)
+    return [(1.0, PLAIN_BUCKET, plain)] + [
+        (factor, f"yarn_x{factor:g}", _Overridden(args, rope_scaling="yarn", rope_scaling_factor=float(factor),
+                                                  rope_scaling_original_length=length))
+        for factor in factors]
+
+
+class _Overridden:
+    """A model configuration with some options replaced, the rest read from it."""
+
+    def __init__(self, base, **values):
+        self.__dict__.update(values, _base=base)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_base"], name)
+
+
+def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None, length_buckets=None):
     """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its real path.
     ``overrides``: inference options, as ``--model-overrides`` takes them at generate time.
-    ``force`` replaces an earlier export (or an empty directory), nothing else."""
+    ``force`` replaces an earlier export (or an empty directory), nothing else. ``length_buckets``:
+    factors s > 1; the directory then holds the plain model and one static-yarn model per factor
+    (:func:`bucket_models`) and their manifest, ``length_buckets.json``."""
     import torch
     from ctranslate2.converters.converter import Converter
 
+    factors = check_bucket_factors(length_buckets) if length_buckets else ()
     check_output_dir(output_dir, checkpoint, data_bin, force)
     state, identity = load_checkpoint(checkpoint, data_bin, overrides)
     args = model_config(state)
-    check_exportable(args)
+    buckets = bucket_models(args, overrides, factors) if factors else [(None, None, args)]
+    for _, _, bucket_args in buckets:
+        check_exportable(bucket_args)
     task = setup_task(state, checkpoint, data_bin)
     model = task.build_model(args)
     try:
@@ -343,18 +439,36 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
         raise ExportError(f"--checkpoint {checkpoint}: its weights do not fit the model its configuration "
                           f"describes ({str(e).splitlines()[0]})") from e
     model.eval()
+    weights = None if quantization == "none" else quantization
 
-    class _Converter(Converter):
-        def _load(self):
-            with torch.no_grad():  # the helpers call .numpy() on the parameters
-                return build_spec(args, model, task)
+    def writer(model_args):
+        class _Converter(Converter):
+            def _load(self):
+                with torch.no_grad():  # the helpers call .numpy() on the parameters
+                    return build_spec(model_args, model, task)
+
+        return lambda model_dir: _Converter().convert(model_dir, quantization=weights)
 
     info = dict(identity, data_bin=os.path.realpath(data_bin), quantization=quantization, arch=args.arch,
                 overrides=overrides or {}, max_source_positions=args.max_source_positions,
                 max_target_positions=args.max_target_positions)
-    weights = None if quantization == "none" else quantization
-    return write_export(output_dir, lambda model_dir: _Converter().convert(model_dir, quantization=weights),
-                        info, checkpoint, data_bin, force)
+    if not factors:
+        return write_export(output_dir, lambda tmp: write_model_dir(tmp, writer(args), info),
+                            checkpoint, data_bin, force)
+
+    def write_buckets(tmp):
+        for _, name, bucket_args in buckets:
+            bucket_overrides = {"rope_scaling": bucket_args.rope_scaling,
+                                "rope_scaling_factor": bucket_args.rope_scaling_factor,
+                                "rope_scaling_original_length": bucket_args.rope_scaling_original_length}
+            os.mkdir(os.path.join(tmp, name))
+            write_model_dir(os.path.join(tmp, name), writer(bucket_args), dict(info, overrides=bucket_overrides))
+        manifest = dict(info, training_length=buckets[0][2].rope_scaling_original_length, scaling="yarn",
+                        buckets=[{"factor": factor, "directory": name} for factor, name, _ in buckets])
+        with open(os.path.join(tmp, LENGTH_BUCKETS), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+
+    return write_export(output_dir, write_buckets, checkpoint, data_bin, force)
 
 
 def main(argv=None):
@@ -370,6 +484,11 @@ def main(argv=None):
     p.add_argument("--force", action="store_true",
                    help="replace --output-dir if it is an earlier export (export_info.json) or empty; any "
                         "other directory is refused")
+    p.add_argument("--length-buckets", nargs="*", type=float, metavar="S",
+                   help="export plain RoPE for sentences within the training length L and one static yarn model "
+                        "per factor S for longer ones (default factors: "
+                        f"{' '.join(f'{f:g}' for f in DEFAULT_BUCKET_FACTORS)}), into one directory with a manifest; "
+                        "fairseq-rope-translate sends each sentence to the model of its length")
     p.add_argument("--if-changed", action="store_true",
                    help="do nothing when --output-dir already holds an export of this checkpoint (size and "
                         "sha256) with the same --quantization and scaling; otherwise export (with --force: over it)")
@@ -380,19 +499,27 @@ def main(argv=None):
         rescaled.add_argument(PLUGIN_OPTIONS[name].flag, **PLUGIN_OPTIONS[name].argparse_kwargs(), default=None)
     args = p.parse_args(argv)
     overrides = {name: getattr(args, name) for name in inference_options if getattr(args, name) is not None}
+    buckets = None
+    if args.length_buckets is not None:
+        try:
+            buckets = check_bucket_factors(args.length_buckets or DEFAULT_BUCKET_FACTORS)
+        except ExportError as e:
+            p.exit(2, f"{p.prog}: error: {e}\n")
     if not os.path.isfile(args.checkpoint):
         p.exit(2, f"{p.prog}: error: --checkpoint {args.checkpoint} is not a file\n")
     if not os.path.isdir(args.data_bin):
         p.exit(2, f"{p.prog}: error: --data-bin {args.data_bin} is not a directory\n")
-    if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides):
+    if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides, buckets):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
     try:
         with sigterm_unwinds():
-            out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides)
+            out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides,
+                         buckets)
     except (ExportRefused, ExportError, OptionError) as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
-    print(f"wrote {out} ({args.quantization})", file=sys.stderr)
+    kind = f", plain and yarn x{' x'.join(f'{f:g}' for f in buckets)}" if buckets else ""
+    print(f"wrote {out} ({args.quantization}{kind})", file=sys.stderr)
 
 
 if __name__ == "__main__":

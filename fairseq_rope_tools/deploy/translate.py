@@ -46,6 +46,7 @@ from pathlib import Path
 
 from fairseq_rope_tools.cli import ArgumentParser, plugin_dir, progress_sayer, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's tokenizer, step records and strict line reader)
+from fairseq_rope_tools.deploy.exported import EXPORT_INFO, LENGTH_BUCKETS, bucket_of, read_bucket_manifest
 from fairseq_rope_tools.files import write_lines, write_text_atomically
 from fairseq_rope_tools.text_lines import InputError
 
@@ -55,8 +56,6 @@ ENGINES = ("ctranslate2", "fairseq")
 FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 
-
-EXPORT_INFO = "export_info.json"  # written by fairseq-rope-export
 
 
 class Refused(Exception):
@@ -192,12 +191,12 @@ class Segmenter:
 class CTranslate2Engine:
     name = "ctranslate2"
 
-    def __init__(self, args):
+    def __init__(self, args, model_dir=None):
         try:
             import ctranslate2
         except ImportError:
             raise Refused("--engine ctranslate2: the ctranslate2 package is not installed (run 'make setup')") from None
-        model_dir = Path(args.model_dir)
+        model_dir = Path(model_dir or args.model_dir)
         if not (model_dir / "model.bin").is_file() or not (model_dir / "config.json").is_file():
             raise Refused(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
                           "config.json): export one with fairseq-rope-export")
@@ -246,6 +245,57 @@ class CTranslate2Engine:
 
     def translate(self, batch):
         return [r.hypotheses[0] for r in self.translator.translate_batch(batch, **self.options)]
+
+
+class LengthBuckets:
+    """A --length-buckets export (fairseq-rope-export): each sentence is translated by the model of
+    its length (:func:`~fairseq_rope_tools.deploy.exported.bucket_of`), as dynamic-yarn would scale
+    it. One bucket's model is loaded at a time, so memory holds one copy of the weights."""
+
+    name = "ctranslate2"
+
+    def __init__(self, args):
+        directory = Path(args.model_dir)
+        try:
+            manifest = read_bucket_manifest(directory)
+        except (OSError, ValueError) as e:
+            raise Refused(f"--model-dir {directory}: {first_line(e)}: export it again with fairseq-rope-export "
+                          "--length-buckets") from None
+        self.args, self.training_length = args, manifest["training_length"]
+        self.factors = [float(b["factor"]) for b in manifest["buckets"]]
+        self.labels = ["plain" if f == 1.0 else f"yarn x{f:g}" for f in self.factors]
+        self.directories = [directory / b["directory"] for b in manifest["buckets"]]
+        for path in self.directories:
+            if not (path / "model.bin").is_file():
+                raise Refused(f"--model-dir {directory}: the bucket {path.name} has no model.bin: export it again")
+        limit = manifest.get("max_source_positions")
+        self.max_source = args.max_source_positions or (limit if isinstance(limit, int) and limit > 1 else None)
+        self.sentences = dict.fromkeys(self.labels, 0)
+        CTranslate2Engine(args, self.directories[0])  # refuses a bad device or compute type before any text is read
+
+    def bucket(self, source):
+        return bucket_of(len(source), self.training_length, self.factors)
+
+    def translate_all(self, sources, batch_size, progress=False):
+        """:func:`translate` of every bucket's sentences with its model, in input order."""
+        by_bucket = {}
+        for i, source in enumerate(sources):
+            if source:
+                by_bucket.setdefault(self.bucket(source), []).append(i)
+        hyps, seconds = [[] for _ in sources], 0.0
+        for index, ids in sorted(by_bucket.items()):
+            self.sentences[self.labels[index]] = len(ids)
+            engine = CTranslate2Engine(self.args, self.directories[index])
+            out, spent = translate(engine, [sources[i] for i in ids], batch_size, progress)
+            del engine  # its weights are freed before the next bucket's are loaded
+            seconds += spent
+            for i, h in zip(ids, out):
+                hyps[i] = h
+        return hyps, seconds
+
+    def report(self) -> str:
+        return f"length buckets (L = {self.training_length} tokens): " + ", ".join(
+            f"{label} {n}" for label, n in self.sentences.items())
 
 
 def torch_file_problem(path):
@@ -545,8 +595,14 @@ def check_vocabulary(args):
     """The CTranslate2 model was exported with this data-bin's dictionaries, token for token in
     the same order: a model's token ids are positions in its vocabulary, so another dictionary,
     or the same tokens in another order, would translate into garbage without a word."""
+    model_dir = Path(args.model_dir)
+    if (model_dir / LENGTH_BUCKETS).is_file():  # every bucket has the same vocabularies: check the first
+        try:
+            model_dir = model_dir / read_bucket_manifest(model_dir)["buckets"][0]["directory"]
+        except (OSError, ValueError) as e:
+            raise Refused(f"--model-dir {args.model_dir}: {first_line(e)}: export it again") from None
     for side, lang in (("source", args.src), ("target", args.tgt)):
-        path, vocab = CTranslate2Engine.vocabulary(args.model_dir, side)
+        path, vocab = CTranslate2Engine.vocabulary(model_dir, side)
         if lang is None or vocab is None:
             continue
         dictionary = args.data_bin / f"dict.{lang}.txt"
@@ -583,14 +639,22 @@ def main(argv=None):
     try:
         check_setup(args)
         segment = Segmenter(args.work_dir, args.src, args.bpe_type) if args.input_format == "raw" else str.split
-        engine = (CTranslate2Engine if args.engine == "ctranslate2" else FairseqEngine)(args)
+        if args.engine == "fairseq":
+            engine = FairseqEngine(args)
+        elif (Path(args.model_dir) / LENGTH_BUCKETS).is_file():
+            engine = LengthBuckets(args)
+        else:
+            engine = CTranslate2Engine(args)
         reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
         lines = list(reader)
         reader.report()
         sources = [segment(line) for line in lines]
         check_lengths(sources, engine.max_source, reader.path)
-        hyps, seconds = translate(engine, sources, args.batch_size,
-                                  progress=not args.quiet and args.input != "-")
+        progress = not args.quiet and args.input != "-"
+        if isinstance(engine, LengthBuckets):
+            hyps, seconds = engine.translate_all(sources, args.batch_size, progress)
+        else:
+            hyps, seconds = translate(engine, sources, args.batch_size, progress)
     except Refused as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     except InputError as e:
@@ -619,6 +683,8 @@ def main(argv=None):
                  sentences_per_second=round(n / seconds, 2) if seconds > 0 else None, beam=args.beam,
                  lenpen=args.lenpen, batch_size=args.batch_size, threads=args.threads, device=args.device,
                  compute_type=args.compute_type)
+    if isinstance(engine, LengthBuckets):
+        stats["length_buckets"] = dict(training_length=engine.training_length, sentences=engine.sentences)
     if args.stats_json:
         try:
             write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")
@@ -628,6 +694,8 @@ def main(argv=None):
         say(f"{len(sources)} lines ({n} to translate) in {seconds:.2f} s of decoding"
             + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")
             + f" ({args.engine}, beam {args.beam}, {args.threads} thread{'s' if args.threads != 1 else ''})")
+        if isinstance(engine, LengthBuckets):
+            say(engine.report())
 
 
 def translate(engine, sources, batch_size, progress=False):

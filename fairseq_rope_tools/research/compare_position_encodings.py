@@ -36,7 +36,10 @@ prepared by prepare.sh here), ``--raw-dir DIR`` (whitespace-tokenized text) or `
 pairs joined 2 and 3 at a time; RoPE variants can also be decoded with frequency scaling, the
 same checkpoint through ``--model-overrides``: one factor for every sentence
 (``--extrapolation-scaling yarn:4``) or one per sentence from its length
-(``--extrapolation-scaling dynamic-yarn``).
+(``--extrapolation-scaling dynamic-yarn``). ``--ctranslate2-length-buckets`` also decodes RoPE
+variants through CTranslate2 as dynamic-yarn is deployed there: the averaged model exported with
+``fairseq-rope-export --length-buckets`` and each test sentence decoded by the model of its length
+(``fairseq-rope-translate``). Every decode records its decoding time (model loading excluded).
 
 Example::
 
@@ -65,10 +68,12 @@ from pathlib import Path
 
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, duration, plugin_dir, run_logged, terminate_running
+from fairseq_rope_tools.deploy.translate import remove_bpe
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data, compare_report
 from fairseq_rope_tools.research.compare_data import InputError
+from fairseq_rope_tools.text_lines import read_lines
 from fairseq_rope_tools.training_log import parse_train_line, parse_train_log
 
 TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")
@@ -225,10 +230,51 @@ def extra_decodes(args, variant):
     return decodes
 
 
+CT2_BUCKETS = "+ctranslate2-buckets"  # the row suffix of the CTranslate2 length-bucket decode
+
+
 def decode_settings(args, overrides):
     """Everything that decides the numbers of one decode of a trained run."""
     return {"overrides": overrides, "generate_args": args.generate_args,
             "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b]}
+
+
+def wanted_decodes(args, variant):
+    """{row suffix: decode settings} of a variant: fairseq-generate's (:func:`extra_decodes`) and, for
+    RoPE with --ctranslate2-length-buckets, CTranslate2's."""
+    wanted = {suffix: decode_settings(args, overrides) for suffix, overrides in extra_decodes(args, variant).items()}
+    if args.ctranslate2_length_buckets is not None and VARIANTS[variant][0] == "transformer_rope":
+        wanted[CT2_BUCKETS] = {**decode_settings(args, None), "engine": "ctranslate2",
+                               "length_buckets": args.ctranslate2_length_buckets}
+    return wanted
+
+
+def decode_with_ctranslate2(args, data, checkpoint, settings, log_path, name, slot, run_dir):
+    """:func:`decode` through CTranslate2: the averaged model exported with --length-buckets, each
+    sentence of the BPE'd test source decoded by the model of its length. Hypotheses have at most
+    --max-len-b tokens (--max-len-a is 0: CTranslate2 caps lengths absolutely)."""
+    export_dir, out = run_dir / "ct2_length_buckets", run_dir / "hyp+ctranslate2-buckets.bpe.txt"
+    log(f"{name}: exporting to CTranslate2, a model per length bucket")
+    run_logged(["fairseq-rope-export", "--checkpoint", checkpoint, "--data-bin", data.data_bin, "--output-dir",
+                export_dir, "--length-buckets", *settings["length_buckets"], "--if-changed", "--force"], log_path)
+    log(f"{name}: decoding {args.gen_subset} with CTranslate2")
+    run_logged(["fairseq-rope-translate", "--model-dir", export_dir, "--data-bin", data.data_bin,
+                "--src", args.source_lang, "--tgt", args.target_lang, "--input-format", "bpe", "--output-format", "bpe",
+                "--beam", args.beam, "--lenpen", args.lenpen, "--max-len", args.max_len_b, "--batch-size",
+                args.batch_size, "--stats-json", run_dir / "speed+ctranslate2-buckets.json", "--output", out,
+                data.source_text], log_path, env=slot, append=True)
+    bpe_type = "sentencepiece" if "sentencepiece" in data.generate_args else "subword_nmt"
+    sources = read_lines(data.source_text)
+    hyps = read_lines(out)
+    stats = json.loads((run_dir / "speed+ctranslate2-buckets.json").read_text())
+    return ([(remove_bpe(s, bpe_type), remove_bpe(h, bpe_type), None) for s, h in zip(sources, hyps)],
+            {"seconds": stats["seconds"], "buckets": stats["length_buckets"]["sentences"]})
+
+
+def generate_seconds(log_path):
+    """fairseq-generate's decoding time, model loading excluded ("Translated N sentences (...) in 12.3s")."""
+    times = re.findall(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in ([\d.]+)s", Path(log_path).read_text())
+    return float(times[-1]) if times else None
 
 
 def decode(args, data, checkpoint, overrides, log_path, name, slot):
@@ -285,7 +331,7 @@ def run_one(args, data, variant, seed, slot):
     result_file = run_dir / "result.json"
     averaged = run_dir / "averaged.pt"
     settings = run_settings(args, variant, seed)
-    wanted = {suffix: decode_settings(args, overrides) for suffix, overrides in extra_decodes(args, variant).items()}
+    wanted = wanted_decodes(args, variant)
     started = time.time()
     result = json.loads(result_file.read_text()) if result_file.exists() and not args.overwrite else None
     if result and result.get("format") == 2:  # its settings held the decodes' too; those are redone
@@ -311,19 +357,29 @@ def run_one(args, data, variant, seed, slot):
         if done_before.get(suffix) == wanted_settings:
             decodes[suffix] = result["decodes"][suffix]
             continue
-        rows = decode(args, data, averaged, wanted_settings["overrides"], run_dir / f"generate{suffix}.log",
-                      f"{name}: decoding {args.gen_subset}{suffix}", slot)
+        log_path = run_dir / f"generate{suffix}.log"
+        if wanted_settings.get("engine") == "ctranslate2":
+            rows, speed = decode_with_ctranslate2(args, data, averaged, wanted_settings, log_path,
+                                                  f"{name}{suffix}", slot, run_dir)
+        else:
+            rows = decode(args, data, averaged, wanted_settings["overrides"], log_path,
+                          f"{name}: decoding {args.gen_subset}{suffix}", slot)
+            speed = {"seconds": generate_seconds(log_path)}
         refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]
         refs_raw = (data.refs_raw if data.refs_raw is not None
                     else score_bleu.moses_detokenize(refs_tok, args.target_lang))
         decodes[suffix], detok = score_decode(args, data, rows, refs_tok, refs_raw)
+        decodes[suffix]["decoding_time"] = speed
         write_lines_atomically(run_dir / f"hyp{suffix}.tok.txt", (h for _, h, _ in rows))
         write_lines_atomically(run_dir / f"hyp{suffix}.detok.txt", detok)
         if data.refs_tok is None:
             write_lines_atomically(run_dir / "ref.tok.txt", refs_tok)
     for suffix in set(result["decodes"]) - set(wanted):  # no longer asked for: no stale files either
-        for stale in (f"generate{suffix}.log", f"hyp{suffix}.tok.txt", f"hyp{suffix}.detok.txt"):
+        for stale in (f"generate{suffix}.log", f"hyp{suffix}.tok.txt", f"hyp{suffix}.detok.txt",
+                      f"hyp{suffix}.bpe.txt", f"speed{suffix}.json"):
             (run_dir / stale).unlink(missing_ok=True)
+        if suffix == CT2_BUCKETS:
+            shutil.rmtree(run_dir / "ct2_length_buckets", ignore_errors=True)
     result.update(decodes=decodes, decode_settings=wanted)
     write_text_atomically(result_file, json.dumps(result, indent=1))
     log(f"{name}: done in {duration(time.time() - started)}; tok BLEU "
@@ -518,6 +574,10 @@ def parse_args(argv=None):
                    help="also decode RoPE variants with --rope-scaling METHOD and this factor, or METHOD "
                         "alone for a kind chosen per sentence (from its length and the training length the "
                         "checkpoint recorded); python -m fairseq_rope lists the kinds")
+    p.add_argument("--ctranslate2-length-buckets", nargs="*", type=float, default=None, metavar="S",
+                   help="also decode RoPE variants through CTranslate2, exported with fairseq-rope-export "
+                        "--length-buckets S ... (default factors without S): dynamic-yarn at engine speed; needs "
+                        "--max-len-a 0, and a corpus given as text (not --data-bin)")
     p.add_argument("--rope-scaling-original-length", type=int, default=None, metavar="L",
                    help="training length in tokens for yarn and the dynamic scalings (default: the one "
                         "each checkpoint recorded)")
@@ -534,6 +594,13 @@ def parse_args(argv=None):
         p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
     if args.extrapolation_scaling:
         check_extrapolation_scalings(p, args.extrapolation_scaling)
+    if args.ctranslate2_length_buckets is not None:
+        if args.max_len_a != 0:
+            p.error("--ctranslate2-length-buckets: CTranslate2 caps hypotheses at an absolute length; pass "
+                    "--max-len-a 0 (and --max-len-b N), so that both engines stop at the same length")
+        if args.data_bin:
+            p.error("--ctranslate2-length-buckets needs the test source as text: --prepared-dir, "
+                    "--quickstart-corpus or --raw-dir, not --data-bin")
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")

@@ -1,0 +1,178 @@
+"""Long inputs through CTranslate2: static YaRN exported per length bucket (fairseq-rope-export
+--length-buckets) decodes as fairseq-generate does with that fixed yarn factor, a reversed ramp
+breaks that, and fairseq-rope-translate sends each sentence to the bucket of its length, the
+sentences within the training length to the plain model."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import run_cli
+from test_export_ctranslate2 import EXPORT, agreement, ct2_translate, fairseq_generate
+
+from fairseq_rope.modules import rope_scaling
+from fairseq_rope.modules.rope_scaling import (
+    ctranslate2_logit_scale_positions,
+    ctranslate2_rotary_scaling,
+    ctranslate2_sin_cos_multiplier,
+    yarn_divisors,
+)
+from fairseq_rope.modules.rotary import inverse_frequencies, yarn_frequencies
+from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
+from fairseq_rope_tools.deploy.exported import LENGTH_BUCKETS, bucket_of, read_bucket_manifest
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+FACTORS = (1.5, 2.0, 3.0, 4.0)
+# A training length at which YaRN's ramp spans several of the tiny model's 16 frequencies (at the
+# recorded L of the toy corpus, about 11 tokens, all but one are interpolated alike, and a wrong
+# ramp would not show)
+RAMP_L = 200
+
+
+# --- the arithmetic, in-process -----------------------------------------------------------------
+@pytest.mark.parametrize("s", [1.2, 1.5, 2.0, 3.0, 4.0, 8.0, 16.0])
+def test_the_logit_temperature_is_matched_to_float32(s):
+    target = (0.1 * math.log(s) + 1.0) ** 2
+    original, maximum = ctranslate2_logit_scale_positions(target)
+    assert 2 <= original < maximum < 2**31
+    assert ctranslate2_sin_cos_multiplier(original, maximum) ** 2 == pytest.approx(target, rel=1e-6)
+
+
+def test_a_temperature_too_close_to_one_for_int32_is_left_out_and_its_error_is_small():
+    target = (0.1 * math.log(1.1) + 1.0) ** 2  # would need L' of about e^36
+    assert ctranslate2_logit_scale_positions(target) == (0, 0)
+    assert target - 1.0 < 0.02
+
+
+def test_the_divisors_give_yarns_frequencies():
+    for s in FACTORS:
+        scaled, _ = yarn_frequencies(32, 10000.0, s, RAMP_L)
+        divisors = yarn_divisors(32, 10000.0, s, RAMP_L)
+        torch.testing.assert_close(inverse_frequencies(32, 10000.0, torch.float64) / divisors, scaled)
+        assert divisors[0] < 1.01 and divisors[-1] == pytest.approx(s)  # kept high, interpolated low
+
+
+def test_yarn_is_expressed_as_su_with_both_factor_lists_alike():
+    expressed = ctranslate2_rotary_scaling("yarn", 2.0, 32, 10000.0, RAMP_L)
+    assert expressed["rotary_scaling_type"] == "Su"
+    assert expressed["rotary_scaling_long_factor"] == expressed["rotary_scaling_short_factor"]
+    assert len(expressed["rotary_scaling_long_factor"]) == 16
+    assert ctranslate2_rotary_scaling("yarn", 1.0, 32, 10000.0, RAMP_L) == {}
+
+
+@pytest.mark.parametrize("tokens, bucket", [(0, 0), (9, 0), (10, 1), (14, 1), (15, 2), (19, 2), (20, 3),
+                                            (29, 3), (30, 4), (39, 4), (40, 4), (500, 4)])
+def test_a_sentence_goes_to_the_next_factor_up_from_its_length_over_L(tokens, bucket):
+    assert bucket_of(tokens, 10, [1.0, *FACTORS]) == bucket  # tokens + </s> over L = 10
+
+
+# --- the engine, end to end ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tiny_data_bin, tmp_path_factory):
+    data_bin, save_dir = tiny_data_bin / "data-bin", tmp_path_factory.mktemp("bucket_model")
+    run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny",
+             "--task", "translation", "--cpu", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-3",
+             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1500", "--max-update",
+             "150", "--seed", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
+             "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"])
+    return data_bin, save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def ramp_buckets(trained, tmp_path_factory):
+    data_bin, checkpoint = trained
+    out = tmp_path_factory.mktemp("ramp") / "buckets"
+    run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", out,
+             "--length-buckets", *map(str, FACTORS), "--rope-scaling-original-length", str(RAMP_L)])
+    return out
+
+
+def yarn_override(s, length=RAMP_L):
+    return ["--model-overrides", repr({"rope_scaling": "yarn", "rope_scaling_factor": s,
+                                       "rope_scaling_original_length": length})]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("s", FACTORS)
+def test_each_bucket_decodes_as_fairseq_generate_with_its_yarn_factor(trained, ramp_buckets, s):
+    data_bin, checkpoint = trained
+    manifest = read_bucket_manifest(ramp_buckets)
+    assert [b["factor"] for b in manifest["buckets"]] == [1.0, *FACTORS] and manifest["training_length"] == RAMP_L
+    bucket = ramp_buckets / f"yarn_x{s:g}"
+    same, _, _ = agreement(data_bin, checkpoint, bucket, 1, *yarn_override(s))
+    assert same == 1.0  # greedy: every sentence token for token
+    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoint, bucket, 4, *yarn_override(s))
+    assert same >= 0.98, (same, fairseq_bleu, ct2_bleu)
+    # and the factor matters: the plain model, or fairseq without the factor, differ
+    plain = fairseq_generate(data_bin, checkpoint, 1)
+    scaled = fairseq_generate(data_bin, checkpoint, 1, *yarn_override(s))
+    assert any(plain[i][1] != scaled[i][1] for i in plain)
+
+
+@pytest.mark.e2e
+def test_a_reversed_ramp_breaks_the_equivalence(trained, tmp_path, monkeypatch):
+    data_bin, checkpoint = trained
+    right = rope_scaling.yarn_divisors
+    monkeypatch.setattr(rope_scaling, "yarn_divisors", lambda *a: right(*a).flip(0))  # gamma_i reversed
+    out = exporter.export(str(checkpoint), str(data_bin), str(tmp_path / "reversed"),
+                          overrides={"rope_scaling": "yarn", "rope_scaling_factor": 4.0,
+                                     "rope_scaling_original_length": RAMP_L})
+    same, _, _ = agreement(data_bin, checkpoint, out, 1, *yarn_override(4.0))
+    assert same < 0.9
+
+
+@pytest.mark.e2e
+def test_translate_routes_each_sentence_to_its_bucket_and_short_ones_to_the_plain_model(trained, tmp_path):
+    data_bin, checkpoint = trained
+    buckets, plain = tmp_path / "buckets", tmp_path / "plain"
+    run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", buckets, "--length-buckets"])
+    run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", plain])
+    manifest = read_bucket_manifest(buckets)
+    L = manifest["training_length"]
+    assert 5 < L < 20 and [b["factor"] for b in manifest["buckets"]] == [1.0, *exporter.DEFAULT_BUCKET_FACTORS]
+    sources = [s for s, _, _ in fairseq_generate(data_bin, checkpoint, 1).values()]
+    # the test sentences, then 2, 3 and 4 of them joined: inputs up to about 4 L long
+    lines = sources + [sum(sources[i:i + n], []) for n in (2, 3, 4) for i in range(0, 12, n)]
+    (tmp_path / "in.txt").write_text("".join(" ".join(s) + "\n" for s in lines))
+    run_cli(["fairseq-rope-translate", "--model-dir", buckets, "--data-bin", data_bin, "--input-format", "bpe",
+             "--output-format", "bpe", "--threads", "1", "--batch-size", "7", "--stats-json", tmp_path / "stats.json",
+             "--output", tmp_path / "out.txt", tmp_path / "in.txt"])
+    out = (tmp_path / "out.txt").read_text().splitlines()
+    assert len(out) == len(lines)
+    expected_buckets = [bucket_of(len(s), L, [1.0, *exporter.DEFAULT_BUCKET_FACTORS]) for s in lines]
+    counts = json.loads((tmp_path / "stats.json").read_text())["length_buckets"]["sentences"]
+    labels = ["plain"] + [f"yarn x{f:g}" for f in exporter.DEFAULT_BUCKET_FACTORS]
+    assert counts == {label: expected_buckets.count(i) for i, label in enumerate(labels)}
+    assert counts["plain"] >= 40 and sum(n > 0 for n in counts.values()) >= 3  # short and long ones both
+    # in input order, each line as the model of its bucket translates it alone
+    for index, directory in enumerate([plain] + [buckets / f"yarn_x{f:g}" for f in exporter.DEFAULT_BUCKET_FACTORS]):
+        ids = [i for i, b in enumerate(expected_buckets) if b == index]
+        if ids:
+            alone = ct2_translate(directory, [lines[i] for i in ids], 4)
+            assert [out[i] for i in ids] == [" ".join(h) for h in alone], directory.name
+    # the manifest's models are plain exports too: an earlier bucket export may be replaced with --force
+    proc = run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", buckets,
+                    "--length-buckets", "--if-changed"], check=False)
+    assert proc.returncode == 0 and "nothing to do" in proc.stderr
+    run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", buckets,
+             "--length-buckets", "2", "--force"])
+    assert [b["factor"] for b in read_bucket_manifest(buckets)["buckets"]] == [1.0, 2.0]
+    assert sorted(p.name for p in buckets.iterdir()) == [LENGTH_BUCKETS, "plain", "yarn_x2"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("flags, named", [
+    (["--length-buckets", "0.5"], "--length-buckets: each factor must be a number > 1"),
+    (["--length-buckets", "2", "2"], "--length-buckets: a factor is given twice"),
+    (["--length-buckets", "--rope-scaling", "linear", "--rope-scaling-factor", "2"],
+     "--length-buckets exports plain RoPE and static yarn per bucket"),
+])
+def test_bad_buckets_are_refused_in_one_line_and_write_nothing(trained, tmp_path, flags, named):
+    data_bin, checkpoint = trained
+    proc = run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", tmp_path / "out",
+                    *flags], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"fairseq-rope-export: error: {named}")
+    assert list(tmp_path.iterdir()) == []
