@@ -5,7 +5,8 @@
         --data-bin data-bin/wmt14_en_de --output-dir ct2/wmt14_en_de [--quantization int8]
 
 Converts ``transformer_rope*`` checkpoints (either ``--rope-layout``, any ``--rope-fraction`` and
-``--rope-theta``, ``--rope-scaling linear``) and stock fairseq ``transformer*`` checkpoints
+``--rope-theta``, ``--rope-scaling linear``, and ``yarn`` with ``--rope-fraction 1`` as CTranslate2's
+``Su`` scaling) and stock fairseq ``transformer*`` checkpoints
 (sinusoidal or learned positions), so that both can be compared in the same engine. The
 encoder and decoder specs are built directly: CTranslate2 rotates queries and keys in
 self-attention by ``rotary_dim`` channels, pairing adjacent channels (``rotary_interleave``,
@@ -15,8 +16,13 @@ fairseq's ``</s>`` and appends ``</s>`` to each source, as fairseq does, so
 ``ctranslate2.Translator(OUT).translate_batch([tokens, ...])`` takes sources as the fairseq
 dictionary's tokens, with nothing added by the caller.
 
+``--length-buckets [S ...]`` writes, for inputs longer than in training, the plain model and one
+static-yarn model per factor S (default 1.5 2 3 4) at the training length L the checkpoint recorded,
+each an export of its own, into one directory with ``length_buckets.json``; fairseq-rope-translate
+sends each sentence to the model of its length, as ``--rope-scaling dynamic-yarn`` would scale it.
+
 A model the engine cannot represent (rotary cross-attention, RoPER, linear attention, ntk or
-yarn scaling, Shaw relative positions, ...) is refused before anything is written, with one line
+the per-sentence scalings, Shaw relative positions, ...) is refused before anything is written, with one line
 that names the flag; so is a checkpoint that cannot be loaded, or a data-bin whose dictionaries
 do not fit its embeddings.
 

@@ -29,6 +29,12 @@ anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's
 token for token in order, ``--src``/``--tgt`` the data-bin's direction, and every output path
 writable (a symlinked ``--output`` keeps the link; its target is replaced).
 
+A ``--model-dir`` written by ``fairseq-rope-export --length-buckets`` (a ``length_buckets.json``
+beside one export per bucket) decodes as ``--rope-scaling dynamic-yarn`` scales: each sentence goes
+to the model of its length (plain RoPE within the training length L, static YaRN at the next
+factor up from its tokens / L beyond), one bucket's model loaded at a time; the sentences each
+bucket got are reported.
+
 ``--input-format bpe`` takes lines already tokenized and BPE'd (as ``bpe/test.SRC``) and
 ``--output-format tok`` writes Moses-tokenized hypotheses with the BPE removed (as ``hyp.tok.TGT``
 of evaluate.sh): examples/wmt14_en_de/evaluate.sh decodes the test set this way with ENGINE=ctranslate2.
@@ -432,7 +438,8 @@ def parse_args(argv):
                                       "(default: WORK_DIR/data-bin)")
     p.add_argument("--engine", choices=ENGINES,
                    help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
-    p.add_argument("--model-dir", help="a CTranslate2 model directory (fairseq-rope-export)")
+    p.add_argument("--model-dir", help="a CTranslate2 model directory (fairseq-rope-export), or a directory of "
+                                       "length buckets (fairseq-rope-export --length-buckets)")
     p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
     p.add_argument("--src", help="source language (default: as recorded in the data-bin)")
     p.add_argument("--tgt", help="target language (default: as recorded in the data-bin)")
