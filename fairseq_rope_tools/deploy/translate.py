@@ -63,7 +63,6 @@ FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 
 
-
 class Refused(Exception):
     """A bad flag, file or combination: reported as one line naming it, exit status 2."""
 
