@@ -210,7 +210,11 @@ def test_ctranslate2_length_buckets_decode_beside_fairseq_and_record_their_time(
         assert sum(b["sentences"] for b in decode["bleu_by_length"].values()) == test_lines
     run_dir = out / "runs" / "rope" / "seed1"
     assert json.loads((run_dir / "ct2_length_buckets" / "length_buckets.json").read_text())["buckets"][2]["factor"] == 3
-    assert "`rope+ctranslate2-buckets`" in (out / "results.md").read_text()
+    table = (out / "results.md").read_text()
+    assert "`rope+ctranslate2-buckets`" in table
+    timing = table[table.index("## Decoding time"):]
+    seconds = ct2["decoding_time"]["seconds"]
+    assert f"| `rope+ctranslate2-buckets` | {seconds:.1f} | {test_lines / seconds:.1f} |" in timing
 
 
 @pytest.mark.parametrize("bad", [["--data-bin", "x", "--length-split", "5"],

@@ -13,7 +13,7 @@ scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++
 * ``results.md`` -- per test group and variant: each score as mean, sample std and per-seed
   values over seeds; per seed, each score with its 95 % bootstrap confidence interval and the
   p-value of sacreBLEU's paired bootstrap test against ``--baseline`` (fairseq_rope_tools/research/significance.py);
-  validation loss, parameters, training speed; BLEU by source length;
+  validation loss, parameters, training speed; BLEU by source length; each decode's decoding time;
 * ``results.json`` -- every number of every run, and the significance tests;
 * ``valid_loss.png``, ``bleu_by_length.png``;
 * ``runs/VARIANT/seedN/``: ``train.log`` (written as the training runs), ``generate*.log``, the

@@ -143,8 +143,18 @@ def markdown(args, report):
         cells = [fmt_seeds(over_seeds([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]]))
                  for b in buckets]
         lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
-    lines += ["| sentences | " + " | ".join(str(first[b]["sentences"]) for b in buckets) + " |", "",
-              "![validation loss](valid_loss.png)", "", "![BLEU by source length](bleu_by_length.png)", ""]
+    lines += ["| sentences | " + " | ".join(str(first[b]["sentences"]) for b in buckets) + " |"]
+    lines += ["", "## Decoding time", "",
+              f"The whole test set, model loading excluded (fairseq-generate's own timing; "
+              f"fairseq-rope-translate's for CTranslate2), {args.threads} CPU thread(s) per run:", "",
+              "| variant | seconds | sentences/s |", "|---|---|---|"]
+    for row, variant, suffix in rows_of(results):
+        timed = [(r["decodes"][suffix]["sentences"], (r["decodes"][suffix].get("decoding_time") or {}).get("seconds"))
+                 for r in results[variant]]  # decodes of an older harness have no time
+        seconds = over_seeds([t for _, t in timed])
+        speed = over_seeds([n / t for n, t in timed if t])
+        lines.append(f"| `{row}` | {fmt_seeds(seconds, 1)} | {fmt_seeds(speed, 1)} |")
+    lines += ["", "![validation loss](valid_loss.png)", "", "![BLEU by source length](bleu_by_length.png)", ""]
     return "\n".join(lines)
 
 
