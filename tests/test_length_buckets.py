@@ -112,6 +112,16 @@ def test_each_bucket_decodes_as_fairseq_generate_with_its_yarn_factor(trained, r
 
 
 @pytest.mark.e2e
+def test_a_single_yarn_export_is_the_bucket_model_of_its_factor(trained, ramp_buckets, tmp_path):
+    """--rope-scaling yarn --rope-scaling-factor S alone writes the very model of bucket S."""
+    data_bin, checkpoint = trained
+    run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", tmp_path / "yarn2",
+             "--rope-scaling", "yarn", "--rope-scaling-factor", "2", "--rope-scaling-original-length", str(RAMP_L)])
+    assert (tmp_path / "yarn2" / "model.bin").read_bytes() == (ramp_buckets / "yarn_x2" / "model.bin").read_bytes()
+    assert (tmp_path / "yarn2" / "model.bin").read_bytes() != (ramp_buckets / "plain" / "model.bin").read_bytes()
+
+
+@pytest.mark.e2e
 def test_a_reversed_ramp_breaks_the_equivalence(trained, tmp_path, monkeypatch):
     data_bin, checkpoint = trained
     right = rope_scaling.yarn_divisors
