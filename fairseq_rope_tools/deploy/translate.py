@@ -276,7 +276,8 @@ class LengthBuckets:
         limit = manifest.get("max_source_positions")
         self.max_source = args.max_source_positions or (limit if isinstance(limit, int) and limit > 1 else None)
         self.sentences = dict.fromkeys(self.labels, 0)
-        CTranslate2Engine(args, self.directories[0])  # refuses a bad device or compute type before any text is read
+        # loaded now to refuse a bad device or compute type before any text is read; kept for its bucket
+        self.loaded = {0: CTranslate2Engine(args, self.directories[0])}
 
     def bucket(self, source):
         return bucket_of(len(source), self.training_length, self.factors)
@@ -290,7 +291,9 @@ class LengthBuckets:
         hyps, seconds = [[] for _ in sources], 0.0
         for index, ids in sorted(by_bucket.items()):
             self.sentences[self.labels[index]] = len(ids)
-            engine = CTranslate2Engine(self.args, self.directories[index])
+            engine = self.loaded.pop(index, None)
+            self.loaded.clear()  # one model in memory at a time
+            engine = engine or CTranslate2Engine(self.args, self.directories[index])
             out, spent = translate(engine, [sources[i] for i in ids], batch_size, progress)
             del engine  # its weights are freed before the next bucket's are loaded
             seconds += spent

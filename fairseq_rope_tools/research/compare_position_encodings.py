@@ -253,7 +253,8 @@ def decode_with_ctranslate2(args, data, checkpoint, settings, log_path, name, sl
     """:func:`decode` through CTranslate2: the averaged model exported with --length-buckets, each
     sentence of the BPE'd test source decoded by the model of its length. Hypotheses have at most
     --max-len-b tokens (--max-len-a is 0: CTranslate2 caps lengths absolutely)."""
-    export_dir, out = run_dir / "ct2_length_buckets", run_dir / "hyp+ctranslate2-buckets.bpe.txt"
+    export_dir, out = run_dir / "ct2_length_buckets", run_dir / f"hyp{CT2_BUCKETS}.bpe.txt"
+    stats_file = run_dir / f"speed{CT2_BUCKETS}.json"
     log(f"{name}: exporting to CTranslate2, a model per length bucket")
     run_logged(["fairseq-rope-export", "--checkpoint", checkpoint, "--data-bin", data.data_bin, "--output-dir",
                 export_dir, "--length-buckets", *settings["length_buckets"], "--if-changed", "--force"], log_path)
@@ -261,12 +262,12 @@ def decode_with_ctranslate2(args, data, checkpoint, settings, log_path, name, sl
     run_logged(["fairseq-rope-translate", "--model-dir", export_dir, "--data-bin", data.data_bin,
                 "--src", args.source_lang, "--tgt", args.target_lang, "--input-format", "bpe", "--output-format", "bpe",
                 "--beam", args.beam, "--lenpen", args.lenpen, "--max-len", args.max_len_b, "--batch-size",
-                args.batch_size, "--stats-json", run_dir / "speed+ctranslate2-buckets.json", "--output", out,
+                args.batch_size, "--stats-json", stats_file, "--output", out,
                 data.source_text], log_path, env=slot, append=True)
     bpe_type = "sentencepiece" if "sentencepiece" in data.generate_args else "subword_nmt"
     sources = read_lines(data.source_text)
     hyps = read_lines(out)
-    stats = json.loads((run_dir / "speed+ctranslate2-buckets.json").read_text())
+    stats = json.loads(stats_file.read_text())
     return ([(remove_bpe(s, bpe_type), remove_bpe(h, bpe_type), None) for s, h in zip(sources, hyps)],
             {"seconds": stats["seconds"], "buckets": stats["length_buckets"]["sentences"]})
 
