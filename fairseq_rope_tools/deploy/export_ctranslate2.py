@@ -258,7 +258,7 @@ def _is_export(directory) -> bool:
                                                     and _is_export(e.path)) for e in entries)
         with open(os.path.join(directory, EXPORT_INFO), encoding="utf-8") as f:
             info = json.load(f)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):  # read_bucket_manifest checks the manifest's shape: a ValueError
         return False
     return (isinstance(info, dict) and "sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
             and all(e.name in EXPORT_FILES and e.is_file(follow_symlinks=False) for e in entries))

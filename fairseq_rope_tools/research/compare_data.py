@@ -45,6 +45,7 @@ class TestData:
     refs_raw: Optional[List[str]]       # None: references are detokenized from refs_tok
     generate_args: List[str]            # e.g. --remove-bpe for subword-segmented data
     source_text: Optional[Path] = None  # the test source as the model reads it (BPE), line for line
+    bpe_type: Optional[str] = None      # its segmentation (a data-bin's bpe_type), None for plain words
 
 
 # A row is one sentence pair as (source, target) model input -- BPE text for prepared corpora --
@@ -164,14 +165,14 @@ def from_prepared_dir(args, work_dir, log):
     if not args.length_split:
         log(f"using {prepared_bin} ({len(test)} test sentences)")
         return TestData(prepared_bin, {"test": [0, len(test)]}, [r[3] for r in test], [r[4] for r in test],
-                        REMOVE_BPE[bpe_type], work_dir / "bpe" / f"test.{src}")
+                        REMOVE_BPE[bpe_type], work_dir / "bpe" / f"test.{src}", bpe_type)
     train, valid, groups = split_by_length(rows("train", "clean"), rows("valid", "tok"), test, args.length_split)
     data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt,
                                       dictionary=prepared_bin / f"dict.{src}.txt")
     log(f"length split of {work_dir}: {len(train)} train / {len(valid)} valid pairs; test groups "
         + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
     return TestData(data_bin, ranges, [r[3] for r in test], [r[4] for r in test], REMOVE_BPE[bpe_type],
-                    args.out_dir / "text" / f"test.{src}")
+                    args.out_dir / "text" / f"test.{src}", bpe_type)
 
 
 def quickstart_corpus(args, log, valid_size=300, test_size=500):

@@ -264,11 +264,9 @@ def decode_with_ctranslate2(args, data, checkpoint, settings, log_path, name, sl
                 "--beam", args.beam, "--lenpen", args.lenpen, "--max-len", args.max_len_b, "--batch-size",
                 args.batch_size, "--stats-json", stats_file, "--output", out,
                 data.source_text], log_path, env=slot, append=True)
-    bpe_type = "sentencepiece" if "sentencepiece" in data.generate_args else "subword_nmt"
-    sources = read_lines(data.source_text)
-    hyps = read_lines(out)
+    words = (lambda line: remove_bpe(line, data.bpe_type)) if data.bpe_type else (lambda line: line)
     stats = json.loads(stats_file.read_text())
-    return ([(remove_bpe(s, bpe_type), remove_bpe(h, bpe_type), None) for s, h in zip(sources, hyps)],
+    return ([(words(s), words(h), None) for s, h in zip(read_lines(data.source_text), read_lines(out))],
             {"seconds": stats["seconds"], "buckets": stats["length_buckets"]["sentences"]})
 
 
