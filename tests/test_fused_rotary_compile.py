@@ -6,17 +6,14 @@ not tile, a bad constexpr) fails here.
 Every compile-time variant a model can ask for, as ``kernel_constexprs`` (the function the
 launch itself uses) gives them:
 
-* the tile: both layouts x every (BLOCK_HALF, BLOCK_REST) of head dims 16-256 with every
-  rotary_dim a --rope-fraction can give (rotary_dim == head_dim: no rest); on sm_80 with the
-  tile's largest rotation (HALF == BLOCK_HALF, no mask), on sm_90 with its smallest (the most
-  masked), both real settings;
-* dtype (fp32, fp16, bf16), SIGN (+1 forward, -1 backward) and BLOCK_H of the head counts the
-  transformer_rope architectures launch (h, 2h for q/k of the fused projection, 3h with RoPER)
-  are taken in turn along the tiles, so that each of their combinations meets each layout and
-  each target.
+* on each target (sm_80, sm_90) and with each layout, every combination of dtype (fp32, fp16,
+  bf16), SIGN (+1 forward, -1 backward) and BLOCK_H of the head counts the transformer_rope
+  architectures launch (h, 2h for q/k of the fused projection, 3h with RoPER) once;
+* the tiles (BLOCK_D of head dims 16-256) taken in turn along them, each at its largest rotation
+  (head_dim == BLOCK_D, nothing masked) and at its smallest (the smallest head_dim of the tile
+  with 2 channels rotated: the most masked), so that each target and layout meets both.
 
-Each tile is compiled once, for one of the two targets in turn (see ``compilations``): 130
-compilations of 0.15-0.4 s; two processes compile them (about 15-30 s on 2 cores, depending on
+144 compilations of 0.15-0.4 s; two processes compile them (about 15-30 s on 2 cores, depending on
 the load). They write to a fresh cache directory, so nothing is reused.
 """
 
@@ -62,44 +59,43 @@ def architecture_launch_heads():
 
 
 def tiles():
-    """(layout, BLOCK_HALF, BLOCK_REST) -> the (head_dim, rotary_dim) that give that tile."""
+    """(layout, BLOCK_D) -> the (head_dim, rotary_dim) that give that tile."""
     found = {}
     for layout, head_dim in itertools.product(LAYOUTS, HEAD_DIMS):
         for rotary_dim in range(2, head_dim + 1, 2):
             c = kernel_constexprs(1, head_dim, rotary_dim, layout, 1.0)
-            found.setdefault((layout, c["BLOCK_HALF"], c["BLOCK_REST"]), []).append((head_dim, rotary_dim))
+            found.setdefault((layout, c["BLOCK_D"]), []).append((head_dim, rotary_dim))
     return found
 
 
-def compilations():
-    """(target, dtype, constexprs) of every compilation.
+def tile_extremes(layout):
+    """(head_dim, rotary_dim) of each tile of ``layout``: its largest rotation, then its smallest."""
+    shapes = []
+    for (_, _), dims in sorted((k, d) for k, d in tiles().items() if k[0] == layout):
+        shapes += [max(dims, key=lambda d: (d[1], d[0])), min(dims, key=lambda d: (d[0], d[1]))]
+    return shapes
 
-    Each tile once: its targets alternate along the sorted tiles, starting on sm_80 for one
-    layout and sm_90 for the other, so that each target meets every (BLOCK_HALF, BLOCK_REST)
-    (with one layout) and each layout meets it too (on one target). The (dtype, SIGN, BLOCK_H)
-    combinations are taken in turn along the whole list: more than their number fall on each
-    layout and on each target, so each meets all of them."""
+
+def compilations():
+    """(target, dtype, constexprs) of every compilation: per target and layout, each (dtype, SIGN,
+    heads) once, with the tile extremes in turn."""
     turns = list(itertools.product(DTYPES, SIGNS, architecture_launch_heads()))
-    jobs = []
-    for layout_index, layout in enumerate(LAYOUTS):
-        for tile_index, ((_, _, _), dims) in enumerate(sorted((k, d) for k, d in tiles().items() if k[0] == layout)):
-            target = TARGETS[(tile_index + layout_index) % len(TARGETS)]
-            # the tile's largest rotation (no mask) on sm_80, its smallest (the most masked) on sm_90
-            head_dim, rotary_dim = (max if target == 80 else min)(dims, key=lambda d: (d[1], d[0]))
-            jobs.append((target, layout, head_dim, rotary_dim))
-    jobs.sort(key=lambda job: (job[1], job[0]))  # runs of one layout and one target
     compiles = []
-    for turn, (target, layout, head_dim, rotary_dim) in enumerate(jobs):
-        dtype, sign, heads = turns[turn % len(turns)]
-        compiles.append((target, dtype, kernel_constexprs(heads, head_dim, rotary_dim, layout, sign)))
+    for target, layout in itertools.product(TARGETS, LAYOUTS):
+        shapes = tile_extremes(layout)
+        for turn, (dtype, sign, heads) in enumerate(turns):
+            head_dim, rotary_dim = shapes[turn % len(shapes)]
+            compiles.append((target, dtype, kernel_constexprs(heads, head_dim, rotary_dim, layout, sign)))
     return compiles
 
 
 _KERNEL = None
 
 
-def compile_one(target, dtype, constexprs):
-    """Compile one variant; returns (ptx, cubin size) or raises the compiler's error."""
+def compile_one(target, dtype, constexprs, aligned=()):
+    """Compile one variant; returns (ptx, cubin size) or raises the compiler's error. ``aligned``:
+    the arguments a launch finds divisible by 16 (Triton specialises on it: pointers to 16-byte
+    aligned tensors, strides and sizes that are multiples of 16)."""
     global _KERNEL
     import triton
     from triton.backends.compiler import GPUTarget
@@ -114,7 +110,8 @@ def compile_one(target, dtype, constexprs):
     signature.update(cos_ptr="*fp32", sin_ptr="*fp32", pos_ptr="*i64")
     signature.update({name: "constexpr" for name in constexprs})
     source = triton.compiler.ASTSource(
-        fn=_KERNEL, signature=signature, constexprs={(names.index(c),): v for c, v in constexprs.items()}
+        fn=_KERNEL, signature=signature, constexprs={(names.index(c),): v for c, v in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
     )
     compiled = triton.compile(source, target=GPUTarget("cuda", target, 32))
     return compiled.asm.get("ptx", ""), len(compiled.asm.get("cubin", b""))
@@ -157,14 +154,75 @@ def test_the_variants_cover_every_tile_and_argument():
     assert len({(t, d, tuple(sorted(c.items()))) for t, d, c in variants}) == len(variants)  # no duplicate
     blocks_h = {kernel_constexprs(h, 64, 64, "interleaved", 1.0)["BLOCK_H"] for h in architecture_launch_heads()}
     assert blocks_h == {2, 4, 8, 16, 32, 64}  # tiny (2 heads) to big (16 heads) with RoPER (48)
-    every_tile = {(half, rest) for _, half, rest in tiles()}
-    assert {half for half, _ in every_tile} == {1, 2, 4, 8, 16, 32, 64, 128}
-    assert {rest for _, rest in every_tile} == {0, 1, 2, 4, 8, 16, 32, 64, 128, 256}
+    blocks_d = {16, 32, 64, 128, 256}
+    assert {block for _, block in tiles()} == blocks_d
     every_argument = set(itertools.product(DTYPES, SIGNS, blocks_h))
-    groups = [("target", t, lambda v, t=t: v[0] == t) for t in TARGETS]
-    groups += [("layout", layout, lambda v, layout=layout: v[2]["INTERLEAVED"] == (layout == "interleaved"))
-               for layout in LAYOUTS]
-    for kind, name, member in groups:
-        group = [v for v in variants if member(v)]
-        assert {(c["BLOCK_HALF"], c["BLOCK_REST"]) for _, _, c in group} == every_tile, f"{kind} {name}"
-        assert {(d, c["SIGN"], c["BLOCK_H"]) for _, d, c in group} == every_argument, f"{kind} {name}"
+    for target, layout in itertools.product(TARGETS, LAYOUTS):
+        group = [c | {"dtype": d} for t, d, c in variants
+                 if t == target and c["INTERLEAVED"] == (layout == "interleaved")]
+        assert {(c["dtype"], c["SIGN"], c["BLOCK_H"]) for c in group} == every_argument, (target, layout)
+        # every tile unmasked (rotary_dim == head_dim == BLOCK_D) and with its fewest channels
+        assert {c["BLOCK_D"] for c in group if 2 * c["HALF"] == c["BLOCK_D"]} == blocks_d, (target, layout)
+        assert {c["BLOCK_D"] for c in group if c["HALF"] == 1} == blocks_d, (target, layout)
+
+
+# what a launch of the base models finds divisible by 16: the tensors (torch allocates them 16-byte
+# aligned) and, with head_dim 64, every stride of a (time, batch, heads, head_dim) view of the q/k/v
+# projection, head_dim and the table's row stride
+ALIGNED_AT_BASE_SIZE = POINTERS + ("cos_ptr", "sin_ptr", "pos_ptr", "sx_t", "sx_b", "sx_h", "sox_t", "sox_b", "sox_h",
+                                   "sy_t", "sy_b", "sy_h", "soy_t", "soy_b", "soy_h", "head_dim", "table_stride")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_base_size_reads_and_writes_16_byte_vectors(layout, dtype, monkeypatch, tmp_path):
+    """An H200 measured the first kernel of the interleaved layout at 10 % of the device's bandwidth:
+    it read x1 and x2 as two strided gathers of 2-byte elements. Every access to q and k must be a
+    16-byte vector: the outputs written with st.global.v4 only, and no 2-byte load in fp16/bf16."""
+    import re
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for heads in (8, 16):  # transformer_rope (q and k as one launch of 2 x 8 heads, or one tensor)
+        ptx, _ = compile_one(90, dtype, kernel_constexprs(heads, 64, 64, layout, 1.0), ALIGNED_AT_BASE_SIZE)
+        stores = set(re.findall(r"st\.global(?:\.\w+)+", ptx))
+        loads = set(re.findall(r"ld\.global(?:\.\w+)+", ptx))
+        assert stores == {"st.global.v4.b32"}, (heads, stores)
+        assert "ld.global.v4.b32" in loads and not {"ld.global.b16", "ld.global.u16"} & loads, (heads, loads)
+
+
+def specialization_keys(launches):
+    """The distinct compiled variants Triton's launcher would pick for ``launches`` (lists of
+    ``launch_arguments``), computed as its binder does for sm_90, without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+
+    from fairseq_rope.modules import fused_rotary
+
+    kernel = fused_rotary._build_kernel()
+    binder = create_function_from_signature(kernel.signature, kernel.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+    return {str(binder(*arguments, **options)[1]) for _, arguments, options in launches}
+
+
+def test_batches_and_decoding_steps_share_one_compiled_variant(monkeypatch):
+    """On an H200, RoPE decoded 4.6x (fp32) and 12x (fp16) slower than sinusoidal: Triton compiled
+    the kernel anew for each class of batch size, token count and position stride it met (== 1, a
+    multiple of 16, other). Launches of one model (q and k of the fused projection, fp16, 8 heads
+    of 64) at any batch size, decoding step and position kind must map to one variant."""
+    import torch
+
+    from fairseq_rope.modules.fused_rotary import launch_arguments
+    from fairseq_rope.modules.rotary_embedding import RotaryEmbedding
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cos, sin, _ = RotaryEmbedding(64).tables(300, "cpu")
+    launches = []
+    for batch in (1, 17, 148, 256):  # beam 4 x 64 sentences, the last batch, a single sentence
+        for time in (1, 2, 16, 33):  # an incremental step, prefixes, training lengths
+            qkv = torch.randn(time, batch, 3 * 8, 64, dtype=torch.float16)
+            xs = [qkv[:, :, :8], qkv[:, :, 8:16]]
+            outs = [torch.empty(x.shape, dtype=x.dtype) for x in xs]
+            for positions in (torch.arange(time), torch.randint(0, 100, (batch, time))):
+                launches.append(launch_arguments(xs, outs, cos, sin, positions, "interleaved", 1.0))
+    assert len(specialization_keys(launches)) == 1

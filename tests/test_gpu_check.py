@@ -11,7 +11,7 @@ import math
 import pytest
 from conftest import run_cli
 
-from fairseq_rope.modules.rotation_reference import ulps_off
+from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition, ulps_off
 from fairseq_rope_tools.research import gpu_check
 
 pytest.importorskip("ctranslate2")
@@ -113,6 +113,39 @@ def test_ulps_and_peak_table():
     assert gpu_check.known_peak_bandwidth("Some Future GPU") == (None, None)
 
 
+@pytest.mark.parametrize("layout", ("interleaved", "half"))
+def test_cancelling_pairs_are_judged_against_fp32_arithmetic(layout):
+    """An H200 found the kernel's bf16 rotation 32 ulps off: where x1 cos - x2 sin nearly cancels,
+    fp32's own error is many bf16 ulps of the tiny result. The rotation computed in fp32 must pass;
+    one moved 2 ulps where nothing cancels must fail."""
+    g = torch.Generator().manual_seed(3)
+    angles = torch.rand(4096, generator=g, dtype=torch.float64) * 6.28
+    cos, sin = angles.cos().float(), angles.sin().float()
+    scale = 1 + torch.rand(4096, generator=g, dtype=torch.float64) * 3
+    # x = scale * (sin, cos): x1 cos - x2 sin = 0 up to bf16's rounding of x
+    x1, x2 = (scale * angles.sin()).bfloat16(), (scale * angles.cos()).bfloat16()
+    x = torch.stack((x1, x2), -1) if layout == "interleaved" else torch.stack((x1, x2), 0)
+    x = x.reshape(1, 1, 1, -1)  # (T, B, H, D) with D = 8192 channels: 4096 pairs
+    def split(t):
+        t = t.reshape(-1)
+        return (t[0::2], t[1::2]) if layout == "interleaved" else (t[:4096], t[4096:])
+
+    def join(a, b):
+        return (torch.stack((a, b), -1) if layout == "interleaved" else torch.cat((a, b))).reshape(x.shape)
+
+    a, b = (v.float() for v in split(x))
+    in_fp32 = join(a * cos - b * sin, b * cos + a * sin).bfloat16()
+    reference = rotation_from_definition(x, cos, sin, layout)
+    assert ulps_off(in_fp32, reference).max() > 1  # cancellation: the old one-ulp rule fails it
+    assert kernel_error(in_fp32, x, cos, sin, layout)["pass"]
+    moved = split(reference.clone())[0].abs().argmax()  # the largest result: nothing cancels there
+    off = reference.clone().reshape(-1)
+    index = 2 * moved if layout == "interleaved" else moved
+    off[index] = torch.nextafter(torch.nextafter(off[index], off[index] * 4), off[index] * 4)
+    result = kernel_error(off.reshape(x.shape), x, cos, sin, layout)
+    assert not result["pass"] and result["ulps"] > 1.5, result
+
+
 def test_a_failed_step_or_run_fails_the_verdicts():
     runs = {"rope fp32": {"status": "ok", "final_valid_loss": 4.0}, "rope fp16": {"status": "failed", "error": "x"}}
     report = {"kernel": {"pass": True}, "training": {"runs": runs, "fp16_verdict": gpu_check.loss_verdict(runs, 0.03)},
@@ -121,5 +154,33 @@ def test_a_failed_step_or_run_fails_the_verdicts():
     assert gpu_check.verdicts(report) == {
         "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": False,
         "CTranslate2 float32 identical to fairseq": True, "every step ran": False}
+    # a check stopped midway: what it did not reach is "not run", not a failure
+    partial = {"kernel": {"pass": True}, "training": {"runs": {}, "fp16_verdict": {"pass": True}}}
+    assert gpu_check.verdicts(partial) == {
+        "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": True,
+        "CTranslate2 float32 identical to fairseq": None, "every step ran": None}
+    assert gpu_check.verdicts({"kernel": {"status": "failed", "error": "x"}})["kernel within tolerance"] is False
     runs["rope fp16"] = {"status": "ok", "final_valid_loss": 4.2}
     assert gpu_check.loss_verdict(runs, 0.03)["pass"] is False and gpu_check.loss_verdict(runs, 0.06)["pass"] is True
+    # the baseline's own fp16 loss sets the bar: 5 % is no RoPE problem where sinusoidal loses 4 %
+    runs.update({"sinusoidal fp32": {"status": "ok", "final_valid_loss": 5.0},
+                 "sinusoidal fp16": {"status": "ok", "final_valid_loss": 5.2}})
+    verdict = gpu_check.loss_verdict(runs, 0.03)
+    assert verdict["pass"] is True and verdict["allowed"] == 0.07 and verdict["sinusoidal_excess"] == 0.04
+    runs["rope fp16"]["final_valid_loss"] = 4.3  # 7.5 %: above it
+    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is False
+    runs["rope fp16"]["final_valid_loss"] = 3.5  # fp16 better than fp32: no fp16 problem
+    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is True
+
+
+@pytest.mark.e2e
+def test_a_report_written_midway_says_what_was_not_reached(tiny_report):
+    """The report is rewritten after every step, so a check stopped midway (an H200 run cut at its
+    time limit during CTranslate2) keeps what it found and says what it had not reached."""
+    report = {key: value for key, value in tiny_report[0].items() if key not in ("generation", "speed", "ctranslate2")}
+    report.update(complete=False, seconds=12.5)
+    report["verdicts"] = gpu_check.verdicts(report)
+    md = gpu_check.markdown(report)
+    assert "**incomplete**: written 12.5 s into the check" in md
+    assert md.count("not reached yet") == 3 and "| CTranslate2 float32 identical to fairseq | not run |" in md
+    assert tiny_report[0]["complete"] is True and "incomplete" not in tiny_report[1]

@@ -270,3 +270,29 @@ def test_the_ctranslate2_path_imports_neither_torch_nor_fairseq(tiny, tmp_path):
             "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "[]\n", proc.stderr
+
+
+def test_ctranslate2_on_cuda_without_its_cublas_is_refused_in_one_line(monkeypatch):
+    """CTranslate2 4.x loads libcublas.so.12 when it first translates; on a machine with only CUDA
+    13 (an H200 image with torch 2.11+cu130) it is missing. Refused before loading, naming the
+    library and the package that brings it; no problem where it loads, or on a CPU-only wheel."""
+    import ctypes
+
+    import ctranslate2
+
+    loaded = []
+
+    def cdll(name, *args, **kwargs):
+        loaded.append(name)
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(ctranslate2, "__version__", "4.8.0")
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    problem = translate_py.ctranslate2_cuda_problem()
+    assert loaded == ["libcublas.so.12"] and "\n" not in problem
+    assert "libcublas.so.12" in problem and "pip install nvidia-cublas-cu12" in problem
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, *args, **kwargs: None)
+    assert translate_py.ctranslate2_cuda_problem() is None
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert translate_py.ctranslate2_cuda_problem() == "CTranslate2 sees no CUDA device"

@@ -12,7 +12,9 @@ a copy of the activations.
   reference.
 
 Triton is imported lazily, the first time a CUDA tensor asks for it; without CUDA or Triton,
-:func:`fused_available` is False and ``RotaryEmbedding.rotate`` uses another backend.
+:func:`fused_available` is False and ``RotaryEmbedding.rotate`` uses another backend. So does
+``FAIRSEQ_ROPE_FUSED=0`` (:func:`fused_switched_on`): the same model with the reference rotation,
+to time the kernel against it or to rule it out when a result looks wrong.
 
 Under Triton's interpreter (``TRITON_INTERPRET=1``, read by Triton when it is imported) the same
 kernel runs on CPU tensors, element for element in numpy: slow, but it computes what the compiled
@@ -30,6 +32,12 @@ from torch.autograd.function import once_differentiable
 from .rotary import check_layout, next_power_of_two
 
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
+FUSED_SWITCH = "FAIRSEQ_ROPE_FUSED"
+TILE_ELEMENTS = 4096  # per program: (rows, heads, head_dim) of one tensor
+NUM_WARPS = 4
+# the kernel's integer arguments that vary with the batch: its size, the token count, the position
+# strides (a (B, T) table's row stride is T)
+UNSPECIALIZED = ("batch", "rows", "sp_t", "sp_b")
 
 
 # --------------------------------------------------------------------------------------------
@@ -40,10 +48,13 @@ def _build_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # Triton compiles a variant per value class (== 1, a multiple of 16, other) of each integer
+    # argument: the ones that change with every batch and decoding step are left out, or a GPU
+    # compiles anew in the middle of generation (an H200 decoded 4.6x slower than sinusoidal so)
+    @triton.jit(do_not_specialize=UNSPECIALIZED)
     def rotary_kernel(
         x_ptr, ox_ptr, y_ptr, oy_ptr, cos_ptr, sin_ptr, pos_ptr,
-        batch,
+        batch, rows,
         sx_t, sx_b, sx_h,  # strides of x (elements); the last dimension is contiguous
         sox_t, sox_b, sox_h,  # strides of its output
         sy_t, sy_b, sy_h,  # strides of y
@@ -51,49 +62,65 @@ def _build_kernel():
         sp_t, sp_b,  # position strides: (T,) positions have sp_b == 0
         heads, head_dim, table_stride,
         SIGN: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
     ):
-        # program (row, which): all heads of token ``row`` = (t, b) of x (which == 0) or y (1)
-        row = tl.program_id(0)
+        # program (block, which): every head of tokens ``row`` = (t, b) in ROWS consecutive rows
+        # of x (which == 0) or y (1); a tile (ROWS, BLOCK_H, BLOCK_D) read and written whole and
+        # in order, so that each row of a head is one contiguous access
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = row < rows
         t = row // batch
         b = row % batch
         if tl.program_id(1) == 0:
-            x_row = x_ptr + t * sx_t + b * sx_b
-            o_row = ox_ptr + t * sox_t + b * sox_b
+            x_base = x_ptr
+            o_base = ox_ptr
+            x_row = t * sx_t + b * sx_b
+            o_row = t * sox_t + b * sox_b
             s_h = sx_h
             so_h = sox_h
         else:
-            x_row = y_ptr + t * sy_t + b * sy_b
-            o_row = oy_ptr + t * soy_t + b * soy_b
+            x_base = y_ptr
+            o_base = oy_ptr
+            x_row = t * sy_t + b * sy_b
+            o_row = t * soy_t + b * soy_b
             s_h = sy_h
             so_h = soy_h
-        pos = tl.load(pos_ptr + t * sp_t + b * sp_b)
+        pos = tl.load(pos_ptr + t * sp_t + b * sp_b, mask=row_ok, other=0)
 
-        i = tl.arange(0, BLOCK_HALF)
-        i_ok = i < HALF
-        cos = tl.load(cos_ptr + pos * table_stride + i, mask=i_ok, other=0.0)
-        sin = tl.load(sin_ptr + pos * table_stride + i, mask=i_ok, other=0.0) * SIGN
-        h = tl.arange(0, BLOCK_H)[:, None]
-        h_ok = h < heads
-        if INTERLEAVED:  # pairs (2i, 2i + 1)
-            first = 2 * i[None, :]
-            second = first + 1
-        else:  # pairs (i, i + rotary_dim / 2)
-            first = i[None, :]
-            second = first + HALF
-        mask = h_ok & i_ok[None, :]
-        x_h = x_row + h * s_h
-        o_h = o_row + h * so_h
-        x1 = tl.load(x_h + first, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_h + second, mask=mask, other=0.0).to(tl.float32)
-        c = cos[None, :]
-        s = sin[None, :]
-        tl.store(o_h + first, (x1 * c - x2 * s).to(o_h.dtype.element_ty), mask=mask)
-        tl.store(o_h + second, (x2 * c + x1 * s).to(o_h.dtype.element_ty), mask=mask)
-        if BLOCK_REST > 0:  # channels beyond rotary_dim pass through unchanged
-            j = 2 * HALF + tl.arange(0, BLOCK_REST)[None, :]
-            rest_mask = h_ok & (j < head_dim)
-            tl.store(o_h + j, tl.load(x_h + j, mask=rest_mask), mask=rest_mask)
+        j = tl.arange(0, BLOCK_D)
+        h = tl.arange(0, BLOCK_H)
+        mask = row_ok[:, None, None] & (h < heads)[None, :, None] & (j < head_dim)[None, None, :]
+        x_at = x_base + x_row[:, None, None] + h[None, :, None] * s_h + j[None, None, :]
+        o_at = o_base + o_row[:, None, None] + h[None, :, None] * so_h + j[None, None, :]
+        # the whole tile read once, in order (vectorised loads), the pairs taken apart in registers
+        x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
+        if INTERLEAVED:  # pairs (2i, 2i + 1): the last dimension seen as (BLOCK_D / 2, 2)
+            i = tl.arange(0, BLOCK_D // 2)
+            rotated = (i < HALF)[None, None, :]  # pairs beyond rotary_dim / 2 pass through unchanged
+            table = pos[:, None] * table_stride + i[None, :]
+            table_ok = row_ok[:, None] & (i < HALF)[None, :]
+            cos = tl.load(cos_ptr + table, mask=table_ok, other=1.0)[:, None, :]
+            sin = (tl.load(sin_ptr + table, mask=table_ok, other=0.0) * SIGN)[:, None, :]
+            x1, x2 = tl.split(tl.reshape(x, (ROWS, BLOCK_H, BLOCK_D // 2, 2)))
+            out1 = tl.where(rotated, x1 * cos - x2 * sin, x1)
+            out2 = tl.where(rotated, x2 * cos + x1 * sin, x2)
+            out = tl.reshape(tl.join(out1, out2), (ROWS, BLOCK_H, BLOCK_D))
+        else:  # pairs (i, i + HALF): channel j meets its partner j +- HALF, read again (from cache)
+            first = j < HALF
+            rotated = (j < 2 * HALF)[None, None, :]  # channels beyond rotary_dim pass through unchanged
+            pair = tl.where(first, j, j - HALF)
+            table = pos[:, None] * table_stride + pair[None, :]
+            table_ok = row_ok[:, None] & (j < 2 * HALF)[None, :]
+            cos = tl.load(cos_ptr + table, mask=table_ok, other=1.0)[:, None, :]
+            # out_j = x_j cos - x_{j+HALF} sin in the first half, x_j cos + x_{j-HALF} sin in the second
+            signs = tl.where(first, -SIGN, SIGN)[None, :]
+            sin = (tl.load(sin_ptr + table, mask=table_ok, other=0.0) * signs)[:, None, :]
+            # the partners as two shifted reads, each contiguous (vectorised), each masked to its half
+            x_plus = tl.load(x_at + HALF, mask=mask & first[None, None, :], other=0.0)
+            x_minus = tl.load(x_at - HALF, mask=mask & (rotated & ~first[None, None, :]), other=0.0)
+            x_partner = tl.where(first[None, None, :], x_plus, x_minus).to(tl.float32)
+            out = tl.where(rotated, x * cos + x_partner * sin, x)
+        tl.store(o_at, out.to(o_base.dtype.element_ty), mask=mask)
 
     return rotary_kernel
 
@@ -101,6 +128,16 @@ def _build_kernel():
 def interpreting() -> bool:
     """True when Triton's interpreter runs kernels on CPU tensors (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def fused_switched_on() -> bool:
+    """``FAIRSEQ_ROPE_FUSED``: 1 (the default) uses the kernel wherever it runs, 0 never. Read at
+    every call, so that one process can time both."""
+    value = os.environ.get(FUSED_SWITCH, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSED_SWITCH}={value!r}: set it to 1 (the fused kernel, the default) or 0 "
+                         "(the reference rotation), or unset it")
+    return value == "1"
 
 
 def fused_available() -> bool:
@@ -118,10 +155,11 @@ def fused_available() -> bool:
 
 def fused_runs_on(device) -> bool:
     """Whether tensors on ``device`` go through the kernel: CUDA ones, or CPU ones under the
-    interpreter. Without ``TRITON_INTERPRET=1`` nothing on the CPU changes."""
+    interpreter, unless ``FAIRSEQ_ROPE_FUSED=0``. Without ``TRITON_INTERPRET=1`` nothing on the
+    CPU changes."""
     device_type = torch.device(device).type
     on_device = device_type == "cuda" or (device_type == "cpu" and interpreting())
-    return on_device and fused_available()
+    return on_device and fused_switched_on() and fused_available()
 
 
 def kernel_constexprs(heads: int, head_dim: int, rotary_dim: int, layout: str,
@@ -129,15 +167,42 @@ def kernel_constexprs(heads: int, head_dim: int, rotary_dim: int, layout: str,
     """The compile-time arguments of one launch on (time, batch, ``heads``, ``head_dim``) tensors
     rotating ``rotary_dim`` channels: each distinct value is a separate compilation of the kernel
     (the ahead-of-time compile tests build every one a model can ask for from this function)."""
-    half, rest = rotary_dim // 2, head_dim - rotary_dim
+    block_h, block_d = next_power_of_two(heads), next_power_of_two(head_dim)
     return dict(
         SIGN=sign,
-        HALF=half,
+        HALF=rotary_dim // 2,
         INTERLEAVED=layout == "interleaved",
-        BLOCK_H=next_power_of_two(heads),
-        BLOCK_HALF=next_power_of_two(half),
-        BLOCK_REST=next_power_of_two(rest) if rest > 0 else 0,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        # rows per program: tiles of about TILE_ELEMENTS, so that small heads still make work
+        # enough per program to keep the memory system busy
+        ROWS=max(1, TILE_ELEMENTS // (block_h * block_d)),
     )
+
+
+def launch_arguments(xs: Sequence[Tensor], outs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor,
+                     positions: Tensor, layout: str, sign: float):
+    """(grid, arguments, keyword arguments) of the kernel launch that rotates ``xs`` (one tensor,
+    or two of the same shape and dtype, the last dimension contiguous) into ``outs``."""
+    x, ox = xs[0], outs[0]
+    y, oy = (xs[1], outs[1]) if len(xs) == 2 else (x, ox)
+    if positions.dim() == 1:
+        sp_t, sp_b = positions.stride(0), 0
+    else:
+        sp_b, sp_t = positions.stride(0), positions.stride(1)
+    T, B, H, D = x.shape
+    constexprs = kernel_constexprs(H, D, 2 * cos_table.size(-1), layout, sign)
+    arguments = (
+        x, ox, y, oy, cos_table, sin_table, positions,
+        B, T * B,
+        x.stride(0), x.stride(1), x.stride(2),
+        ox.stride(0), ox.stride(1), ox.stride(2),
+        y.stride(0), y.stride(1), y.stride(2),
+        oy.stride(0), oy.stride(1), oy.stride(2),
+        sp_t, sp_b,
+        H, D, cos_table.stride(0),
+    )
+    return (-(-T * B // constexprs["ROWS"]), len(xs)), arguments, dict(num_warps=NUM_WARPS, **constexprs)
 
 
 def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
@@ -150,26 +215,9 @@ def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, position
             xs[1:], cos_table, sin_table, positions, layout, sign
         )
     outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
-    x, ox = xs[0], outs[0]
-    y, oy = (xs[1], outs[1]) if len(xs) == 2 else (x, ox)
-    if positions.dim() == 1:
-        sp_t, sp_b = positions.stride(0), 0
-    else:
-        sp_b, sp_t = positions.stride(0), positions.stride(1)
-    T, B, H, D = x.shape
-    half = cos_table.size(-1)
-    if T * B > 0:
-        _KERNEL[(T * B, len(xs))](
-            x, ox, y, oy, cos_table, sin_table, positions,
-            B,
-            x.stride(0), x.stride(1), x.stride(2),
-            ox.stride(0), ox.stride(1), ox.stride(2),
-            y.stride(0), y.stride(1), y.stride(2),
-            oy.stride(0), oy.stride(1), oy.stride(2),
-            sp_t, sp_b,
-            H, D, cos_table.stride(0),
-            **kernel_constexprs(H, D, 2 * half, layout, sign),
-        )
+    if xs[0].shape[0] * xs[0].shape[1] > 0:
+        grid, arguments, options = launch_arguments(xs, outs, cos_table, sin_table, positions, layout, sign)
+        _KERNEL[grid](*arguments, **options)
     return tuple(outs)
 
 
@@ -195,9 +243,11 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
     reading fp32 ``cos_table``/``sin_table`` ((L, rotary_dim // 2), L > max position)."""
     check_layout(layout)
     if not fused_runs_on(xs[0].device):
-        raise RuntimeError("fused rotary needs Triton and CUDA tensors, or CPU ones under TRITON_INTERPRET=1")
+        raise RuntimeError("fused rotary needs Triton and CUDA tensors, or CPU ones under TRITON_INTERPRET=1, "
+                           f"and {FUSED_SWITCH} unset or 1")
     positions = positions.to(device=xs[0].device, dtype=torch.long)
     return FusedRotaryFunction.apply(cos_table, sin_table, positions, layout, *xs)
 
 
-__all__ = ["fused_available", "fused_rotate", "fused_runs_on", "interpreting", "kernel_constexprs"]
+__all__ = ["FUSED_SWITCH", "fused_available", "fused_rotate", "fused_runs_on", "fused_switched_on", "interpreting",
+           "kernel_constexprs", "launch_arguments"]

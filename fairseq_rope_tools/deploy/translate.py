@@ -193,6 +193,31 @@ class Segmenter:
 
 
 # --- engines ----------------------------------------------------------------------------------
+# CTranslate2's Linux wheels load cuBLAS at run time, from the CUDA major version they were built
+# with (4.x: CUDA 12, "Library libcublas.so.12 is not found" at the first translation without it).
+# A machine with only CUDA 13 (torch 2.11+cu130, say) has none: an H200 with that image showed it.
+CTRANSLATE2_CUDA_MAJOR = {4: 12}
+
+
+def ctranslate2_cuda_problem():
+    """Why CTranslate2 cannot translate on CUDA here, as one line, or None."""
+    import ctypes
+
+    import ctranslate2
+
+    if ctranslate2.get_cuda_device_count() == 0:
+        return "CTranslate2 sees no CUDA device"
+    cuda = CTRANSLATE2_CUDA_MAJOR.get(int(ctranslate2.__version__.split(".")[0]))
+    if cuda is not None:
+        try:
+            ctypes.CDLL(f"libcublas.so.{cuda}")
+        except OSError:
+            return (f"CTranslate2 {ctranslate2.__version__} needs CUDA {cuda}'s cuBLAS (libcublas.so.{cuda}), which "
+                    f"this machine cannot load: pip install nvidia-cublas-cu{cuda} and put its nvidia/cublas/lib "
+                    "directory on LD_LIBRARY_PATH")
+    return None
+
+
 class CTranslate2Engine:
     name = "ctranslate2"
 
@@ -205,8 +230,9 @@ class CTranslate2Engine:
         if not (model_dir / "model.bin").is_file() or not (model_dir / "config.json").is_file():
             raise Refused(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
                           "config.json): export one with fairseq-rope-export")
-        if args.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
-            raise Refused("--device cuda: CTranslate2 sees no CUDA device")
+        problem = ctranslate2_cuda_problem() if args.device == "cuda" else None
+        if problem:
+            raise Refused(f"--device cuda: {problem}")
         supported = ctranslate2.get_supported_compute_types(args.device) | {"default", "auto"}
         if args.compute_type not in supported:
             raise Refused(f"--compute-type {args.compute_type} is not supported by CTranslate2 on {args.device} "

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
 from fairseq_rope_tools.cli import plugin_dir, progress_sayer
+from fairseq_rope_tools.deploy.translate import ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.translate import remove_bpe as remove_bpe_from_line
 from fairseq_rope_tools.files import write_text_atomically
 from fairseq_rope_tools.research.machine import cpu_model
@@ -68,8 +69,9 @@ def device_problem(device):
 
     if not torch.cuda.is_available():
         return "--device cuda: torch sees no CUDA device (is this a CUDA build of torch, and a GPU visible?)"
-    if ctranslate2.get_cuda_device_count() == 0:
-        return "--device cuda: CTranslate2 sees no CUDA device (its wheel needs the CUDA 12 runtime libraries)"
+    problem = ctranslate2_cuda_problem()
+    if problem:
+        return f"--device cuda: {problem}"
     unsupported = [c for c, _, _ in CT2_CONFIGS[device] if c not in ctranslate2.get_supported_compute_types(device)]
     if unsupported:
         return f"--device cuda: CTranslate2 cannot compute {', '.join(unsupported)} on this GPU"
@@ -112,7 +114,9 @@ def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp3
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     device_args = ["--cpu"] if device == "cpu" else (["--fp16"] if precision == "fp16" else [])
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "fairseq-generate"), str(data_bin), "--user-dir", plugin_dir(),
+        # fairseq-generate as a module of this Python: its script need not sit beside the interpreter
+        # (pip install --target, --user)
+        [sys.executable, "-m", "fairseq_cli.generate", str(data_bin), "--user-dir", plugin_dir(),
          "--path", str(checkpoint), *device_args, "--beam", str(BEAM), "--lenpen", str(LENPEN),
          "--batch-size", str(BATCH), "--gen-subset", "test", "--max-len-a", "0", "--max-len-b", str(max_len)],
         capture_output=True, text=True, env=env)
