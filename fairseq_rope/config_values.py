@@ -8,7 +8,11 @@ import sys
 
 
 class OneLineError(Exception):
-    """An error whose message names the flag or file and what to do: printed as one line."""
+    """An error whose message names the flag or file and what to do: printed as one line, exit
+    status ``status`` (2, as argparse refuses a flag). The tools' commands report it as they
+    report their own ``UserError``."""
+
+    status = 2
 
 
 class OptionError(OneLineError, ValueError):
@@ -27,7 +31,7 @@ def one_line_excepthook(excepthook):
         sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
         sys.stderr.flush()
         atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
-        os._exit(2)  # the interpreter would exit with 1 after an uncaught exception
+        os._exit(exc.status)  # the interpreter would exit with 1 after an uncaught exception
 
     return print_one_line_errors
 

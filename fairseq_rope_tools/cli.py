@@ -1,11 +1,14 @@
-"""What the tools' command lines share: argument parsing, messages and progress lines, a SIGTERM
-that cleans up, and running fairseq's console scripts with their output logged line by line.
+"""What the tools' command lines share: the one error the user must act on and the one entry
+point that reports it (:class:`UserError`, :func:`command`), argument parsing, messages and
+progress lines, a SIGTERM that cleans up, and running fairseq's console scripts with their output
+logged line by line.
 
 Standard library only, like :mod:`fairseq_rope_tools.files`.
 """
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -13,6 +16,62 @@ import signal
 import sys
 import time
 from typing import Callable, Optional
+
+
+class UserError(Exception):
+    """Something the user must change -- a flag, a file, a directory, the machine: the message
+    names it and what to do. A command prints it as ``PROG: error: MESSAGE`` and exits with
+    ``status``: 2 when it is refused before any work (as argparse refuses a flag), 1 when a step
+    fails on the way (a command it runs, an input line it meets). Helpers raise it; only
+    :func:`command` exits."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+def _is_plugin_error(error: BaseException) -> bool:
+    """The plugin's own one-line errors (a bad model option ...), when the plugin is loaded: the
+    tools import it lazily, since it loads torch and fairseq."""
+    plugin = sys.modules.get("fairseq_rope.config_values")
+    return plugin is not None and isinstance(error, plugin.OneLineError)
+
+
+def command(main: Callable) -> Callable:
+    """The entry point of every fairseq-rope-* command, around its ``main(argv)``: main's return
+    value is the exit status (None: 0); a :class:`UserError` or a plugin error becomes one line on
+    stderr and its exit status; SIGTERM unwinds like Ctrl-C, so that ``finally`` clauses remove
+    what was half written (status 143); a reader that closes the pipe early (``| head``) ends the
+    command quietly (status 141, as a killed pipe writer)."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        prog = os.path.basename(sys.argv[0] or main.__module__)
+        try:
+            with sigterm_unwinds():
+                return main(argv)
+        except BrokenPipeError:
+            # the reader has gone: later writes (Python's own flush at exit) must not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(128 + signal.SIGPIPE)
+        except Exception as error:
+            if not (isinstance(error, UserError) or _is_plugin_error(error)):
+                raise
+            message, status = str(error), getattr(error, "status", 2)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stderr.write(f"{prog}: error: {message}\n")
+        sys.exit(status)
+
+    return run
+
+
+def closed_stdout_problem(output_flag: str) -> Optional[str]:
+    """One line when standard output is closed (``>&-``: Python then sets ``sys.stdout`` to
+    None and drops what is printed), for a command about to write its output there; else None."""
+    if sys.stdout is None:
+        return f"standard output is closed: give {output_flag} FILE, or run the command with stdout open"
+    return None
 
 
 def sayer(tool: str) -> Callable[[str], None]:
@@ -45,11 +104,15 @@ def progress_sayer(tool: str) -> Callable[[str], None]:
     return progress
 
 
+def _unwind(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def sigterm_unwinds():
     """Within the block, SIGTERM (a scheduler's cancel, ``kill``) unwinds like Ctrl-C: ``finally``
     clauses run, so no temporary file or directory is left behind."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = signal.signal(signal.SIGTERM, _unwind)
     try:
         yield
     finally:
@@ -83,8 +146,11 @@ class ArgumentParser(argparse.ArgumentParser):
 BIN_DIR = os.path.dirname(sys.executable)
 
 
-class CommandFailed(RuntimeError):
+class CommandFailed(UserError):
     """A command exited with a non-zero status; the message names it, the status and its log."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=1)
 
 
 # the commands run_logged is waiting for, from any thread, so that a caller running several at

@@ -256,6 +256,30 @@ def replaced_dir_problem(flag: str, path, tool: str, written) -> Optional[str]:
             "give a new or empty directory")
 
 
+def outputs_over_inputs_problem(outputs, inputs) -> Optional[str]:
+    """Why a tool would write over one of its own inputs, as one line, or None. ``outputs`` and
+    ``inputs`` map a flag (``-o``, ``--out-dir``, ``--raw-dir``, or a description such as
+    ``--out-dir's data-bin/``) to a path or None; paths are compared resolved, symlinks followed.
+    An output is refused when it is an input, or a directory that holds one (the tool writes or
+    replaces it as a whole)."""
+    def resolved(path):
+        return Path(os.path.realpath(os.fspath(path)))
+
+    for out_flag, out_path in outputs.items():
+        if out_path is None:
+            continue
+        out = resolved(out_path)
+        for in_flag, in_path in inputs.items():
+            if in_path is None:
+                continue
+            source = resolved(in_path)
+            if source == out or out in source.parents:
+                held = "is" if source == out else "holds"
+                return (f"{out_flag} {out_path} {held} {in_flag} {in_path}: the output would overwrite its own "
+                        "input; give another output")
+    return None
+
+
 def output_dir_problem(flag: str, path, replaced: bool = False) -> Optional[str]:
     """Why the output directory ``path`` (given with ``flag``) cannot be written, as one line, or
     None: it is a file, or it or the directory it would be made in is not writable. With

@@ -6,20 +6,19 @@ and seven other characters, and decoding with ``errors="replace"`` hides a wrong
 would pair sentences with the translations of others, or corrupt them, without a word.
 :class:`LineReader` splits only at ``\\n`` (a CRLF end is a plain end), turns every other
 line-break character inside a line into a space, and decodes strictly as UTF-8, stopping at the
-first invalid byte with the file and line (:class:`InputError`), unless asked to replace.
+first invalid byte with the file and line (a :class:`~fairseq_rope_tools.cli.UserError`), unless asked to
+replace.
 """
 
 import re
+
+from fairseq_rope_tools.cli import UserError
 
 # characters that str.splitlines(), Python's universal newlines or other tools take for a line
 # break; inside a line each becomes a space
 LINE_BREAKS = "\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAKS_TO_SPACE = str.maketrans({ch: " " for ch in LINE_BREAKS})
 _BREAKS_RE = re.compile(f"[{re.escape(LINE_BREAKS)}]")
-
-
-class InputError(Exception):
-    """A problem with the user's input: reported as one line, without a traceback."""
 
 
 class LineReader:
@@ -41,7 +40,7 @@ class LineReader:
         try:
             f = open(self.path, "rb")
         except OSError as e:
-            raise InputError(f"cannot read {self.path}: {e.strerror}") from None
+            raise UserError(f"cannot read {self.path}: {e.strerror}", status=1) from None
         with f:
             for number, raw in enumerate(f, 1):
                 self.lines = number
@@ -53,9 +52,9 @@ class LineReader:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
                     if not self.replace:
-                        raise InputError(
+                        raise UserError(
                             f"{self.path}: line {number}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
-                            f"{e.start + 1} of the line); {self.fix}") from None
+                            f"{e.start + 1} of the line); {self.fix}", status=1) from None
                     line = raw.decode("utf-8", errors="replace")
                     self.replaced += 1
                     if self.first_replaced is None:

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..config_values import OptionError
+from ..config_values import OneLineError, OptionError
 from .rotary import inverse_frequencies, linear_frequencies, ntk_frequencies, unscaled_frequencies, yarn_frequencies
 
 PER_SENTENCE_REFUSAL = ("the factor is chosen per sentence, and CTranslate2 has one rotary scaling for every sentence: "
@@ -120,7 +120,7 @@ ROPE_SCALINGS: Dict[str, ScalingSpec] = {spec.name: spec for spec in (
 )}
 
 
-class NotExportable(ValueError):
+class NotExportable(OneLineError, ValueError):
     """CTranslate2 cannot express a scaling; the message names ``--rope-scaling X`` and why."""
 
 

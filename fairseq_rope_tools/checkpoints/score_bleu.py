@@ -27,8 +27,8 @@ import sys
 from sacrebleu.metrics import BLEU, CHRF
 
 from fairseq_rope_tools import text_lines
+from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.files import write_lines_atomically, write_text_atomically
-from fairseq_rope_tools.text_lines import InputError
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -43,7 +43,7 @@ def read_lines(path):
     non-UTF-8 file stops the script with one line naming it (and the line of the first bad byte)."""
     try:
         return text_lines.read_lines(path)
-    except InputError as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
 
 

@@ -57,9 +57,8 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import sayer
+from fairseq_rope_tools.cli import UserError, sayer
 from fairseq_rope_tools.files import write_atomically, write_lines_atomically
-from fairseq_rope_tools.text_lines import InputError
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
@@ -118,18 +117,19 @@ def cmd_extract(args):
                 if not member.isreg():
                     kind = _MEMBER_KINDS.get(member.type, f"of tar type {member.type!r}")
                     target = f" to {member.linkname}" if member.issym() or member.islnk() else ""
-                    raise InputError(f"archive {args.archive}: member {member.name} is {kind}{target}, not a "
-                                     "regular file; refusing it (is it the WMT14 archive?)")
+                    raise UserError(f"archive {args.archive}: member {member.name} is {kind}{target}, not a "
+                                     "regular file; refusing it (is it the WMT14 archive?)", status=1)
                 out = Path(args.dest) / wanted[name]
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with archive.extractfile(member) as data, open(out, "wb") as f:
                     shutil.copyfileobj(data, f, 1 << 20)
                 found.add(name)
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise InputError(f"cannot read archive {args.archive}: {e} (is it the WMT14 archive?)") from e
+        raise UserError(f"cannot read archive {args.archive}: {e} (is it the WMT14 archive?)", status=1) from e
     missing = [wanted[n] for n in wanted if n not in found]
     if missing:
-        raise InputError(f"archive {args.archive} has no member {', '.join(missing)} (is it the WMT14 archive?)")
+        raise UserError(f"archive {args.archive} has no member {', '.join(missing)} (is it the WMT14 archive?)",
+                        status=1)
 
 
 def cmd_normalize(args):
@@ -153,7 +153,7 @@ def cmd_sgm2txt(args):
         if m:
             segs.append(m.group(1).replace("\u2019", "'"))
     if not segs:
-        raise InputError(f"no <seg id=...> lines in {args.input}: is it a WMT .sgm file?")
+        raise UserError(f"no <seg id=...> lines in {args.input}: is it a WMT .sgm file?", status=1)
     reader.report()
     n = write_lines_atomically(args.output, segs)
     print(f"[sgm2txt] {args.input}: {n} segments", file=sys.stderr)
@@ -213,8 +213,8 @@ def cmd_clean(args):
             # zip stops at the shorter side: count what is left of either
             rest_s, rest_t = sum(1 for _ in it_s), sum(1 for _ in it_t)
             if rest_s or rest_t:
-                raise InputError(f"{s_in} ({total + rest_s} lines) and {t_in} ({total + rest_t} lines) "
-                                 f"are not parallel")
+                raise UserError(f"{s_in} ({total + rest_s} lines) and {t_in} ({total + rest_t} lines) "
+                                 f"are not parallel", status=1)
 
     # Both sides or neither: the target's write runs inside the source's, so both temporary files
     # are complete before either is renamed, and a failure removes both.
@@ -326,7 +326,7 @@ def cmd_record(args):
     for spec in args.option:
         name, sep, value = spec.partition("=")
         if not sep or not name:
-            raise InputError(f"record: --option needs NAME=VALUE, not {spec!r}")
+            raise UserError(f"record: --option needs NAME=VALUE, not {spec!r}", status=1)
         options[name] = value
     base = os.path.abspath(args.base) if args.base else None
 
@@ -338,7 +338,7 @@ def cmd_record(args):
     for spec, optional in [(s, False) for s in args.input] + [(s, True) for s in args.optional_input]:
         key, sep, path = spec.partition("=")
         if not sep or not key or " " in key:
-            raise InputError(f"record: --input needs KEY=PATH (no space in KEY), not {spec!r}")
+            raise UserError(f"record: --input needs KEY=PATH (no space in KEY), not {spec!r}", status=1)
         if os.path.isfile(path):
             inputs[key] = (*fingerprint(path), shown(path))
         elif optional:
@@ -350,7 +350,7 @@ def cmd_record(args):
             else:
                 inputs[key] = ("missing", "-", shown(path))
         else:
-            raise InputError(f"{args.step}: input file {path} is missing")
+            raise UserError(f"{args.step}: input file {path} is missing", status=1)
     if gone:
         say(f"{args.step}: {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone; taking "
             f"{'it' if len(gone) == 1 else 'them'} to be what {args.step} was built from")
@@ -425,7 +425,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         args.func(args)
-    except InputError as e:
+    except UserError as e:
         print(f"[{PREFIX}] error: {e}", file=sys.stderr)
         sys.exit(1)
 

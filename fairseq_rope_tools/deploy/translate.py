@@ -50,11 +50,10 @@ import time
 import zipfile
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser, plugin_dir, progress_sayer, sayer
+from fairseq_rope_tools.cli import ArgumentParser, UserError, plugin_dir, progress_sayer, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's tokenizer, step records and strict line reader)
 from fairseq_rope_tools.deploy.exported import EXPORT_INFO, LENGTH_BUCKETS, bucket_of, read_bucket_manifest
 from fairseq_rope_tools.files import write_lines, write_text_atomically
-from fairseq_rope_tools.text_lines import InputError
 
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
 
@@ -665,8 +664,8 @@ def check_lengths(sources, limit, path):
         return
     for number, tokens in enumerate(sources, 1):
         if len(tokens) + 1 > limit:
-            raise InputError(f"{path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
-                             f"{limit - 1}: split the line, or raise the limit with --max-source-positions")
+            raise UserError(f"{path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
+                             f"{limit - 1}: split the line, or raise the limit with --max-source-positions", status=1)
 
 
 def main(argv=None):
@@ -692,7 +691,7 @@ def main(argv=None):
             hyps, seconds = translate(engine, sources, args.batch_size, progress)
     except Refused as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
-    except InputError as e:
+    except UserError as e:
         p.exit(1, f"{p.prog}: error: {e}\n")
 
     if args.output_format != "bpe":

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fairseq_rope_tools.cli import run_logged
+from fairseq_rope_tools.cli import UserError, run_logged
 from fairseq_rope_tools.files import replace_directory, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
-from fairseq_rope_tools.text_lines import InputError, read_lines
+from fairseq_rope_tools.text_lines import read_lines
 
 GROUPS_FILE = "test_groups.json"
 PREPARE_STEPS = ("raw", "tok", "clean", "bpe", "data-bin")
@@ -66,7 +66,8 @@ def read_pairs(raw_dir, split, src, tgt):
     src_path, tgt_path = Path(raw_dir) / f"{split}.{src}", Path(raw_dir) / f"{split}.{tgt}"
     sources, targets = read_lines(src_path), read_lines(tgt_path)
     if len(sources) != len(targets):
-        raise InputError(f"{src_path} ({len(sources)} lines) and {tgt_path} ({len(targets)} lines) are not parallel")
+        raise UserError(f"{src_path} ({len(sources)} lines) and {tgt_path} ({len(targets)} lines) are not parallel",
+                        status=1)
     return [(a.split(), b.split()) for a, b in zip(sources, targets)]
 
 
@@ -75,8 +76,8 @@ def _parallel(paths):
     columns = [read_lines(p) for p in paths]
     for path, column in zip(paths[1:], columns[1:]):
         if len(column) != len(columns[0]):
-            raise InputError(f"{paths[0]} ({len(columns[0])} lines) and {path} ({len(column)} lines) "
-                             "are not parallel")
+            raise UserError(f"{paths[0]} ({len(columns[0])} lines) and {path} ({len(column)} lines) "
+                             "are not parallel", status=1)
     return list(zip(*columns))
 
 
@@ -87,7 +88,7 @@ def split_by_length(train, valid, test, limit):
     short = lambda row: row_words(row) <= limit  # noqa: E731
     train, valid = [r for r in train if short(r)], [r for r in valid if short(r)]
     if not train or not valid:
-        raise InputError(f"--length-split {limit} leaves no training or validation pairs")
+        raise UserError(f"--length-split {limit} leaves no training or validation pairs", status=1)
     groups = [(f"test <= {limit}", [r for r in test if short(r)]),
               (f"test > {limit}", [r for r in test if not short(r)]),
               ("test x2", concatenated(test, 2)), ("test x3", concatenated(test, 3))]
@@ -143,16 +144,16 @@ def from_prepared_dir(args, work_dir, log):
     work_dir = Path(work_dir).resolve()
     for step in PREPARE_STEPS:
         if not (work_dir / step / ".done").is_file():
-            raise InputError(f"--prepared-dir {work_dir} has no complete {step}/ step ({step}/.done): "
-                             "run examples/wmt14_en_de/prepare.sh --work-dir on it first")
+            raise UserError(f"--prepared-dir {work_dir} has no complete {step}/ step ({step}/.done): "
+                             "run examples/wmt14_en_de/prepare.sh --work-dir on it first", status=1)
     prepared_bin = work_dir / "data-bin"
     if not (prepared_bin / f"test.{src}-{tgt}.{src}.idx").is_file():
-        raise InputError(f"--prepared-dir {work_dir} holds no {src}->{tgt} data-bin: give --source-lang and "
-                         "--target-lang as prepare.sh was given --src and --tgt")
+        raise UserError(f"--prepared-dir {work_dir} holds no {src}->{tgt} data-bin: give --source-lang and "
+                         "--target-lang as prepare.sh was given --src and --tgt", status=1)
     bpe_type = ((prepared_bin / "bpe_type").read_text().strip() if (prepared_bin / "bpe_type").is_file()
                 else "subword_nmt")
     if bpe_type not in REMOVE_BPE:
-        raise InputError(f"{prepared_bin / 'bpe_type'} names an unknown segmentation {bpe_type!r}")
+        raise UserError(f"{prepared_bin / 'bpe_type'} names an unknown segmentation {bpe_type!r}", status=1)
 
     def rows(split, words_dir, with_raw=False):
         paths = [work_dir / "bpe" / f"{split}.{src}", work_dir / "bpe" / f"{split}.{tgt}",
@@ -199,12 +200,13 @@ def from_data_bin(args, log):
     src_dict, tgt_dict = data_bin / f"dict.{args.source_lang}.txt", data_bin / f"dict.{args.target_lang}.txt"
     for path in (src_dict, tgt_dict):
         if not path.is_file():
-            raise InputError(f"--data-bin {data_bin} has no {path.name}: is it a binarized "
-                             f"{args.source_lang}-{args.target_lang} corpus (see --source-lang/--target-lang)?")
+            raise UserError(f"--data-bin {data_bin} has no {path.name}: is it a binarized "
+                            f"{args.source_lang}-{args.target_lang} corpus (see --source-lang/--target-lang)?",
+                            status=1)
     if src_dict.read_bytes() != tgt_dict.read_bytes():
-        raise InputError(f"--data-bin {data_bin} has separate source and target dictionaries, but the recipe "
+        raise UserError(f"--data-bin {data_bin} has separate source and target dictionaries, but the recipe "
                          "(examples/wmt14_en_de/train.sh) shares all embeddings: binarize with fairseq-preprocess "
-                         "--joined-dictionary, or give the text with --raw-dir or --prepared-dir")
+                         "--joined-dictionary, or give the text with --raw-dir or --prepared-dir", status=1)
     groups_file = data_bin / GROUPS_FILE
     if groups_file.is_file() and args.gen_subset == "test":
         groups = json.loads(groups_file.read_text())

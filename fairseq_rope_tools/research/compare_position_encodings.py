@@ -67,12 +67,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints import score_bleu
-from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, duration, plugin_dir, run_logged, terminate_running
+from fairseq_rope_tools.cli import (
+    ArgumentParser,
+    CommandFailed,
+    UserError,
+    duration,
+    plugin_dir,
+    run_logged,
+    terminate_running,
+)
 from fairseq_rope_tools.deploy.translate import remove_bpe
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data, compare_report
-from fairseq_rope_tools.research.compare_data import InputError
 from fairseq_rope_tools.text_lines import read_lines
 from fairseq_rope_tools.training_log import parse_train_line, parse_train_log
 
@@ -631,7 +638,7 @@ def main(argv=None):
         data = compare_data.prepare(args, log)
         results = run_all(args, data)
         report = compare_report.build(args, data, results)
-    except (InputError, CommandFailed) as e:
+    except (UserError, CommandFailed) as e:
         sys.exit(f"error: {e}")
     compare_report.write(args, report)
     log(f"wrote {args.out_dir / 'results.md'}, results.json and the plots")
