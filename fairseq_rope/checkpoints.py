@@ -8,25 +8,32 @@ atomic (hidden temporary file in the same directory, fsync, rename, fsync of the
 lets a resume whose ``checkpoint_last.pt`` is unreadable fall back to the newest readable
 checkpoint, refuses ``--model-overrides`` that would change a trained model, and records in the
 saved model configuration the lengths of the sequences the model was trained on, continued across
-a resume (``training_lengths``: the L of ``--rope-scaling`` yarn and dynamic-*). ``fairseq-train``
-holds a lock on its ``--save-dir`` (``save_dir_lock``: one training per save dir), and refuses to
-resume a checkpoint with options that define another model (``--rope-theta``, ``--arch`` ...).
+a resume (``training_lengths``: the L of ``--rope-scaling`` yarn and dynamic-*), and records
+beside it a fingerprint of the source and target dictionaries (averaging refuses checkpoints of
+other dictionaries). ``fairseq-train`` holds a lock on its ``--save-dir`` (``save_dir_lock``: one
+training per save dir), and refuses to resume a checkpoint with options that define another model
+(``--rope-theta``, ``--arch`` ...).
 """
 
 import copy
 import glob
+import hashlib
+import json
 import logging
 import os
+import pickle
 import re
 import shutil
+import sys
 import zipfile
+from typing import Optional
 
 import torch
 from fairseq.file_io import PathManager
 
 from fairseq_rope_tools.files import write_atomically
 
-from .config_values import config_value
+from .config_values import OneLineError, config_value
 from .model_options import check_model_overrides, check_resumed_model, model_config, trained_model_differences
 from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
 from .save_dir_lock import lock_save_dir
@@ -57,9 +64,34 @@ def is_readable_checkpoint(path) -> bool:
         return False
 
 
+# torch.save's format before torch 1.6 (and with _use_new_zipfile_serialization=False): pickles
+# that start with torch's magic number. torch still loads it, with the same safe loader; it has no
+# directory at its end, so only loading it tells whether it is complete.
+LEGACY_MAGIC = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
+
+
+def is_legacy_checkpoint(path) -> bool:
+    """Whether ``path`` (a path or a binary file open for reading, read from its start) begins as a
+    checkpoint in torch's legacy format does."""
+    try:
+        if isinstance(path, (str, bytes, os.PathLike)):
+            with open(path, "rb") as f:
+                return f.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC
+        path.seek(0)
+        return path.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC
+    except OSError:
+        return False
+
+
+def load_cheaply(path):
+    """The checkpoint ``path`` loaded with its tensors mapped, not read (a legacy-format one, which
+    torch cannot map, read whole)."""
+    return torch.load(path, map_location="cpu", mmap=not is_legacy_checkpoint(path))
+
+
 def _updates(path: str) -> int:
     try:
-        state = torch.load(path, map_location="cpu", mmap=True)
+        state = load_cheaply(path)
         return int(state["optimizer_history"][-1]["num_updates"])
     except Exception:  # noqa: BLE001 - any checkpoint we cannot date sorts last
         return -1
@@ -108,12 +140,38 @@ def atomic_torch_persistent_save(torch_persistent_save):
 def saved_model_config(path):
     """The model configuration of the checkpoint ``path``; None where there is no readable one
     (fairseq then starts from scratch, or reports the file). Cheap: mmap, the tensors are not read."""
-    if not (os.path.isfile(path) and is_readable_checkpoint(path)):
+    if not (os.path.isfile(path) and (is_readable_checkpoint(path) or is_legacy_checkpoint(path))):
         return None
     try:
-        return model_config(torch.load(path, map_location="cpu", mmap=True))
+        return model_config(load_cheaply(path))
     except Exception:  # noqa: BLE001 - fairseq's own load reports what is wrong with the file
         return None
+
+
+def running_fairseq_train() -> bool:
+    """Whether this process is fairseq-train: its console script, or ``python -m fairseq_cli.train``
+    as torchrun starts it (fairseq-generate builds models from checkpoint configurations that name
+    their training's --save-dir too)."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return (os.path.basename(sys.argv[0] or "") in ("fairseq-train", "fairseq-hydra-train")
+            or getattr(main_spec, "name", None) in ("fairseq_cli.train", "fairseq_cli.hydra_train"))
+
+
+def resumed_checkpoint(args) -> Optional[str]:
+    """The checkpoint that fairseq-train, run with the parsed ``args``, resumes or fine-tunes from
+    (fairseq's rule, in checkpoint_utils.load_checkpoint), when it exists and this process is
+    fairseq-train; else None."""
+    save_dir, restore_file = getattr(args, "save_dir", None), getattr(args, "restore_file", None)
+    if not (save_dir and restore_file and running_fairseq_train()):
+        return None
+    suffix = getattr(args, "checkpoint_suffix", None) or ""
+    if restore_file == "checkpoint_last.pt":
+        path = os.path.join(save_dir, f"checkpoint_last{suffix}.pt")
+        if not os.path.exists(path):
+            path = getattr(args, "finetune_from_model", None)
+    else:
+        path = restore_file.replace(".pt", suffix + ".pt")
+    return path if path and os.path.isfile(path) else None
 
 
 def _one_training_per_save_dir(load_checkpoint):
@@ -130,10 +188,11 @@ def _one_training_per_save_dir(load_checkpoint):
 def _resume_falls_back(load_checkpoint):
     def load_checkpoint_or_newest_readable(cfg, trainer, **passthrough_args):
         last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
-        if cfg.restore_file == "checkpoint_last.pt" and os.path.isfile(last) and not is_readable_checkpoint(last):
+        if (cfg.restore_file == "checkpoint_last.pt" and os.path.isfile(last) and not is_readable_checkpoint(last)
+                and not is_legacy_checkpoint(last)):  # one of an older torch: fairseq loads it
             fallback = newest_readable_checkpoint(cfg.save_dir, exclude=last)
             if fallback is None:
-                raise RuntimeError(
+                raise OneLineError(
                     f"{last} is unreadable (truncated?) and {cfg.save_dir} holds no other readable "
                     "checkpoint: delete it to train from scratch, or pass --restore-file FILE"
                 )
@@ -161,7 +220,7 @@ def load_checkpoint_to_cpu_checking_overrides(load_checkpoint_to_cpu):
     return load_checkpoint_to_cpu_checked
 
 
-def state_dict_recording_training_lengths(state_dict):
+def _records_training_lengths(state_dict):
     def state_dict_with_training_lengths(trainer):
         lengths = getattr(trainer.get_model(), "training_lengths", None)
         if lengths is not None:
@@ -169,6 +228,43 @@ def state_dict_recording_training_lengths(state_dict):
         return state_dict(trainer)
 
     return state_dict_with_training_lengths
+
+
+# The checkpoint entry that records the dictionaries a model was trained with: a token id is a
+# position in a dictionary, so two checkpoints of dictionaries with the same size and other orders
+# have parameters of the same shapes that mean other tokens.
+DICTIONARIES = "dictionaries"
+
+
+def dictionary_fingerprint(dictionary) -> Optional[str]:
+    """sha256 of a fairseq Dictionary's symbols in their order (the counts do not matter); None
+    for no dictionary."""
+    if dictionary is None:
+        return None
+    return hashlib.sha256(json.dumps(list(dictionary.symbols), ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def dictionaries_record(task) -> Optional[dict]:
+    """``{"source": fingerprint, "target": fingerprint}`` of a task's dictionaries; None if it has none."""
+    record = {side: dictionary_fingerprint(getattr(task, f"{side}_dictionary", None)) for side in ("source", "target")}
+    return record if any(record.values()) else None
+
+
+def _records_dictionaries(state_dict):
+    def state_dict_with_dictionaries(trainer):
+        state = state_dict(trainer)
+        record = dictionaries_record(trainer.task)
+        if record is not None:
+            state[DICTIONARIES] = record
+        return state
+
+    return state_dict_with_dictionaries
+
+
+def trainer_state_dict_recorded(state_dict):
+    """fairseq's ``Trainer.state_dict`` (what every checkpoint saves) recording the training
+    lengths in the model configuration and the dictionaries' fingerprints beside it."""
+    return _records_dictionaries(_records_training_lengths(state_dict))
 
 
 def _resume_checks_the_model(load_checkpoint):

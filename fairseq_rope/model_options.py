@@ -99,17 +99,29 @@ def trained_model_differences(model_cfg, saved_cfg):
             if defines_trained_model(name) and value is not None and current.get(name) != value]
 
 
+def command_line_form(name: str, value) -> str:
+    """How a command line gives ``name`` the value ``value``: ``--rope-theta 500.0``, ``--rope-values``,
+    or ``no --rope-values`` (a switch that is off)."""
+    if isinstance(value, bool):
+        return option_flag(name) if value else f"no {option_flag(name)}"
+    return f"{option_flag(name)} {value}"
+
+
 def check_resumed_model(model_cfg, saved_cfg, checkpoint) -> None:
     """Refuse to resume ``checkpoint`` as a model other than the one it was trained as: the
     command line (``model_cfg``) may change how training runs (lr, dropout, batch size ...), not
-    what model is trained. ``--reset-*`` flags change nothing here: the weights are loaded."""
+    what model is trained. ``--reset-*`` flags change nothing here: the weights are loaded.
+    The message names the checkpoint's values to resume with, not only the flags that differ: a
+    value can come from a default, e.g. a command line without the options that a fine-tuning
+    (``--finetune-from-model``) or the first run gave."""
     differences = trained_model_differences(model_cfg, saved_cfg)
     if differences:
         named = "; ".join(f"{option_flag(name)} {value} (the checkpoint has {saved})"
                           for name, value, saved in differences)
+        wanted = ", ".join(command_line_form(name, saved) for name, _, saved in differences)
         raise OptionError(
             f"cannot resume {checkpoint} as another model: {named}. These options define the trained "
-            "model: drop them to resume with the checkpoint's values, or train the changed model in a new --save-dir"
+            f"model: resume with the checkpoint's values ({wanted}), or train the changed model in a new --save-dir"
         )
 
 

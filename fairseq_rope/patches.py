@@ -20,10 +20,11 @@ from .checkpoints import (
     atomic_torch_persistent_save,
     load_checkpoint_locked_and_recovering,
     load_checkpoint_to_cpu_checking_overrides,
-    state_dict_recording_training_lengths,
     trainer_load_checkpoint_checked,
+    trainer_state_dict_recorded,
 )
 from .config_values import one_line_excepthook
+from .save_dir_lock import verify_save_dir
 
 # 0.12.3.1: the fairseq-fixed fork this is tested with; 0.12.2 (the last release) and 0.12.3 (the
 # main branch it forks): the same code for every function wrapped here. Named one by one, not as
@@ -74,14 +75,18 @@ PATCHES = (
           "atomic checkpoint writes: a kill while saving can leave a truncated checkpoint"),
     Patch("fairseq.checkpoint_utils", "PathManager", lambda path_manager: AtomicCopyPathManager,
           "atomic copies to checkpoint_last.pt and checkpoint_best.pt: a kill while copying truncates them"),
+    Patch("fairseq.checkpoint_utils", "verify_checkpoint_directory", lambda fairseq_check: verify_save_dir,
+          "a --save-dir that cannot be made or written is one line, not a traceback, and a file named dummy in it "
+          "is left alone (fairseq's check writes and deletes one)"),
     Patch("fairseq.checkpoint_utils", "load_checkpoint", load_checkpoint_locked_and_recovering,
           "the --save-dir lock (two trainings can write one save dir) and the resume from the newest readable "
           "checkpoint when checkpoint_last.pt is truncated"),
     Patch("fairseq.checkpoint_utils", "load_checkpoint_to_cpu", load_checkpoint_to_cpu_checking_overrides,
           "the --model-overrides check: an override can change an option the model was trained with"),
-    Patch("fairseq.trainer:Trainer", "state_dict", state_dict_recording_training_lengths,
-          "the training lengths in checkpoints: --rope-scaling yarn and dynamic-* need "
-          "--rope-scaling-original-length"),
+    Patch("fairseq.trainer:Trainer", "state_dict", trainer_state_dict_recorded,
+          "the training lengths in checkpoints (--rope-scaling yarn and dynamic-* need "
+          "--rope-scaling-original-length) and the dictionaries' fingerprints (averaging checkpoints of "
+          "other dictionaries is not refused)"),
     Patch("fairseq.trainer:Trainer", "load_checkpoint", trainer_load_checkpoint_checked,
           "the resume check (a resume can change an option that defines the trained model) and the "
           "continued training-length counts"),

@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .config_values import OptionError, check_finite_positive
 from .modules.relative_position_attention import check_max_distance
-from .modules.rope_scaling import check_scaling, scaling_help, scaling_names
+from .modules.rope_scaling import check_scaling, scaling_help, scaling_names, scaling_spec
 from .modules.rotary import LAYOUTS, rotary_dim_for
-from .training_lengths import training_length
+from .training_lengths import recorded_training_length, training_length
 
 TRAINED, INFERENCE, RECORDED = "trained", "inference", "recorded"
 ROPE, RPE = ("transformer_rope",), ("transformer_rpe",)
@@ -68,6 +68,23 @@ def _check_rotary_dims(args) -> None:
                        args.rope_fraction)
 
 
+def _check_scaling(args) -> None:
+    length = training_length(args)
+    if not length and scaling_spec(args.rope_scaling).needs_training_length:
+        # fairseq-train builds the model from the command line, before it loads the checkpoint it
+        # resumes: the L that checkpoint records is not known yet, so the user must give it
+        from .checkpoints import resumed_checkpoint, saved_model_config  # (they import this table)
+
+        checkpoint = resumed_checkpoint(args)
+        recorded = recorded_training_length(saved_model_config(checkpoint)) if checkpoint else 0
+        if recorded:
+            raise OptionError(
+                f"--rope-scaling {args.rope_scaling} needs the training length L when the model is built, and "
+                f"fairseq-train builds it from the command line before it loads {checkpoint}: pass "
+                f"--rope-scaling-original-length {recorded}, the L that {checkpoint} records")
+    check_scaling(args.rope_scaling, args.rope_scaling_factor, length)
+
+
 def _check_rope_values(args) -> None:
     if args.rope_values and args.attention_kind == "linear":
         raise OptionError("--rope-values cannot be combined with --attention-kind linear")
@@ -88,7 +105,7 @@ PLUGIN_OPTIONS: Dict[str, PluginOption] = {option.name: option for option in (
     PluginOption("attention_kind", "softmax", "softmax, or linear: RoPE with linear attention (RoFormer eq. 19, "
                  "elu+1 features) in encoder and decoder self-attention", ROPE, choices=ATTENTION_KINDS),
     PluginOption("rope_scaling", "none", scaling_help, ROPE, INFERENCE, choices=scaling_names,
-                 check=lambda args: check_scaling(args.rope_scaling, args.rope_scaling_factor, training_length(args))),
+                 check=_check_scaling),
     PluginOption("rope_scaling_factor", 1.0, "length extension factor s >= 1 for --rope-scaling", ROPE, INFERENCE,
                  type=float, metavar="S"),
     PluginOption("rope_scaling_original_length", 0, "L, the training length (tokens) of the --rope-scaling kinds "

@@ -11,6 +11,10 @@ A clean exit removes the file (a run that opened it just before locks a removed 
 that and locks the new one); a crash leaves it, naming a process that has ended. Its name matches
 no checkpoint name. Where the file system has no locks, the recorded PID decides: a holder that
 is no longer running on this host is stale.
+
+Before it starts, fairseq-train checks that it can write its save dir (:func:`verify_save_dir`,
+in place of fairseq's check, which writes and deletes a file named ``dummy`` there and stops with a
+traceback): a save dir it cannot make or write, and a lock file that is not a file, are one line.
 """
 
 import atexit
@@ -19,6 +23,7 @@ import fcntl
 import logging
 import os
 import socket
+import tempfile
 
 from .config_values import OneLineError
 
@@ -30,10 +35,6 @@ NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 _held = {}  # lock file -> its open descriptor, for the life of the process
 
 
-class SaveDirInUse(OneLineError):
-    """Another process trains into the same --save-dir."""
-
-
 def lock_file(save_dir, suffix: str = "") -> str:
     """The lock of ``save_dir``; ``suffix`` is fairseq's checkpoint suffix, for runs whose ranks
     each write their own checkpoint files (sharded or model-parallel)."""
@@ -41,13 +42,13 @@ def lock_file(save_dir, suffix: str = "") -> str:
 
 
 def lock_save_dir(save_dir, suffix: str = "") -> str:
-    """Hold the lock of ``save_dir`` until this process ends, or raise SaveDirInUse naming the
-    holder. Taking a lock this process holds already does nothing (fairseq-train called twice
-    in one process, as tests do)."""
+    """Hold the lock of ``save_dir`` until this process ends, or raise a OneLineError naming the
+    holder (or what is wrong with the save dir). Taking a lock this process holds already does
+    nothing (fairseq-train called twice in one process, as tests do)."""
     path = lock_file(save_dir, suffix)
     if path in _held:
         return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    verify_save_dir(save_dir)
     fd = _locked(save_dir, path)
     while not _is_file_at(fd, path):  # its holder removed it as it ended: lock the new one
         os.close(fd)
@@ -61,14 +62,20 @@ def lock_save_dir(save_dir, suffix: str = "") -> str:
 
 def _locked(save_dir, path) -> int:
     """A descriptor of ``path`` that holds its lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except IsADirectoryError:
+        raise OneLineError(f"{path} is a directory, where fairseq-train keeps the lock file of --save-dir "
+                           f"{save_dir}: remove or rename it") from None
+    except OSError as e:
+        raise OneLineError(_unwritable_message(save_dir, e)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         holder = _recorded_holder(fd)
         if e.errno not in NO_LOCKS or _is_running(holder):
             os.close(fd)
-            raise SaveDirInUse(_in_use_message(save_dir, holder, path)) from None
+            raise OneLineError(_in_use_message(save_dir, holder, path)) from None
         logger.warning(f"{path}: the file system has no locks; a run on another host is not detected")
     return fd
 
@@ -128,3 +135,21 @@ def _in_use_message(save_dir, holder, path) -> str:
         who = f"another training: PID {holder[0]} on {holder[1]}"
     return (f"--save-dir {save_dir} is in use by {who}. One training per save dir: wait for it to end, "
             "or train in another --save-dir")
+
+
+def verify_save_dir(save_dir) -> None:
+    """Make ``save_dir`` if it is missing and check that files can be created in it, or raise a
+    OneLineError naming it. (The probe is a hidden temporary file, removed at once.)"""
+    try:
+        os.makedirs(save_dir, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".fairseq-train.", suffix=".probe", dir=save_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OneLineError(_unwritable_message(save_dir, e)) from None
+
+
+def _unwritable_message(save_dir, error: OSError) -> str:
+    if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+        return f"--save-dir {save_dir} is a file, not a directory: give a directory"
+    return f"--save-dir {save_dir} cannot be written ({error.strerror}): give a directory you can write to"

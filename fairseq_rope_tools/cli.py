@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from typing import Callable, Optional
@@ -37,19 +38,25 @@ def _is_plugin_error(error: BaseException) -> bool:
     return plugin is not None and isinstance(error, plugin.OneLineError)
 
 
-def command(main: Callable) -> Callable:
+def command(main: Optional[Callable] = None, *, label: Optional[str] = None) -> Callable:
     """The entry point of every fairseq-rope-* command, around its ``main(argv)``: main's return
     value is the exit status (None: 0); a :class:`UserError` or a plugin error becomes one line on
-    stderr and its exit status; SIGTERM unwinds like Ctrl-C, so that ``finally`` clauses remove
-    what was half written (status 143); a reader that closes the pipe early (``| head``) ends the
-    command quietly (status 141, as a killed pipe writer)."""
+    stderr, ``PROG: error: MESSAGE`` (``LABEL error: MESSAGE`` with ``@command(label=...)``, for a
+    recipe's own steps), and its exit status; SIGTERM unwinds like Ctrl-C, so that ``finally``
+    clauses remove what was half written (status 143); a reader that closes the pipe early
+    (``| head``) ends the command quietly (status 141, as a killed pipe writer)."""
+    if main is None:
+        return functools.partial(command, label=label)
 
     @functools.wraps(main)
     def run(argv=None):
-        prog = os.path.basename(sys.argv[0] or main.__module__)
+        heading = label or f"{os.path.basename(sys.argv[0] or main.__module__)}:"
         try:
             with sigterm_unwinds():
-                return main(argv)
+                status = main(argv)
+                if sys.stdout is not None:
+                    sys.stdout.flush()  # here, where a reader that has gone is caught, not at exit
+                return status
         except BrokenPipeError:
             # the reader has gone: later writes (Python's own flush at exit) must not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -60,7 +67,7 @@ def command(main: Callable) -> Callable:
             message, status = str(error), getattr(error, "status", 2)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        sys.stderr.write(f"{prog}: error: {message}\n")
+        sys.stderr.write(f"{heading} error: {message}\n")
         sys.exit(status)
 
     return run
@@ -146,6 +153,80 @@ class ArgumentParser(argparse.ArgumentParser):
 BIN_DIR = os.path.dirname(sys.executable)
 
 
+# --- children that end with the tool ---------------------------------------------------------
+# A tool killed with SIGKILL runs no clean-up, and its commands would run on: fairseq-train is a
+# grandchild (train.sh runs it piped into tee), which neither a parent-death signal (it reaches
+# the direct child alone) nor a kill of the tool's process group (that may be the caller's
+# shell's) reaches safely. So every process the tool starts inherits a token in its environment,
+# and a watchdog, told by a pipe when the tool has gone however it went, ends the processes that
+# carry it: the tool's descendants, and no other process.
+
+RUN_TOKEN = "FAIRSEQ_ROPE_RUN"
+
+
+@contextlib.contextmanager
+def children_end_with_this_process():
+    """Within the block, the processes this one starts carry a token of this run, and a watchdog
+    ends those still running when the block ends (it is waited for) or when this process is
+    killed, SIGKILL included (Linux: it reads /proc)."""
+    previous = os.environ.get(RUN_TOKEN)
+    os.environ[RUN_TOKEN] = f"{os.getpid()}-{time.time_ns()}"
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this very module, in a checkout too
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {package_root!r}); "
+                               "from fairseq_rope_tools.cli import end_children_when_parent_goes; "
+                               "end_children_when_parent_goes()"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        watchdog.stdin.close()
+        watchdog.wait()
+        if previous is None:
+            del os.environ[RUN_TOKEN]
+        else:
+            os.environ[RUN_TOKEN] = previous
+
+
+def end_children_when_parent_goes(grace_seconds=10.0) -> None:
+    """The watchdog: wait until standard input closes (its parent has exited or was killed), then
+    SIGTERM every process that carries the run's token, and SIGKILL those left after
+    ``grace_seconds``. Ctrl-C, SIGTERM and a hang-up, which reach the parent's process group, are
+    ignored: it ends when the parent has."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    token = os.environ[RUN_TOKEN]
+    sys.stdin.buffer.read()
+    deadline, terminated = time.monotonic() + grace_seconds, set()
+    while True:
+        left = [pid for pid in processes_carrying(RUN_TOKEN, token) if pid != os.getpid()]
+        if not left:
+            return
+        for pid in left:
+            if pid not in terminated or time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM if pid not in terminated else signal.SIGKILL)
+                terminated.add(pid)
+        time.sleep(0.1)
+
+
+def processes_carrying(name, value):
+    """The ids of the live processes (of this user: others' environments cannot be read) started
+    with ``name=value`` in their environment."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "environ"), "rb") as environ:
+                if wanted in environ.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return found
+
+
 class CommandFailed(UserError):
     """A command exited with a non-zero status; the message names it, the status and its log."""
 
@@ -184,7 +265,6 @@ def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Opt
     the caller is interrupted or ``on_line`` raises. ``append`` continues an existing log (a
     resumed command), starting with the command again."""
     import shlex
-    import subprocess
 
     program = os.path.join(BIN_DIR, str(cmd[0]))
     cmd = [program if os.path.isfile(program) else str(cmd[0]), *map(str, cmd[1:])]

@@ -259,25 +259,66 @@ def replaced_dir_problem(flag: str, path, tool: str, written) -> Optional[str]:
 def outputs_over_inputs_problem(outputs, inputs) -> Optional[str]:
     """Why a tool would write over one of its own inputs, as one line, or None. ``outputs`` and
     ``inputs`` map a flag (``-o``, ``--out-dir``, ``--raw-dir``, or a description such as
-    ``--out-dir's data-bin/``) to a path or None; paths are compared resolved, symlinks followed.
-    An output is refused when it is an input, or a directory that holds one (the tool writes or
-    replaces it as a whole)."""
-    def resolved(path):
-        return Path(os.path.realpath(os.fspath(path)))
+    ``--out-dir's data-bin``) to a path, a list of paths or None; paths are compared resolved,
+    symlinks followed. An output is refused when it is an input, or a directory that holds one
+    (the tool writes or replaces it as a whole)."""
+    def paths(value):
+        if value is None:
+            return []
+        return list(value) if isinstance(value, (list, tuple)) else [value]
 
-    for out_flag, out_path in outputs.items():
-        if out_path is None:
-            continue
-        out = resolved(out_path)
-        for in_flag, in_path in inputs.items():
-            if in_path is None:
-                continue
-            source = resolved(in_path)
-            if source == out or out in source.parents:
-                held = "is" if source == out else "holds"
-                return (f"{out_flag} {out_path} {held} {in_flag} {in_path}: the output would overwrite its own "
-                        "input; give another output")
+    for out_flag, out_value in outputs.items():
+        for out_path in paths(out_value):
+            out = Path(os.path.realpath(os.fspath(out_path)))
+            for in_flag, in_value in inputs.items():
+                for in_path in paths(in_value):
+                    source = Path(os.path.realpath(os.fspath(in_path)))
+                    if source == out or out in source.parents:
+                        held = "is" if source == out else "holds"
+                        return (f"{out_flag} {out_path} {held} {in_flag} {in_path}: the output would overwrite its "
+                                "own input; give another output")
     return None
+
+
+def output_file_problem(flag: str, path) -> Optional[str]:
+    """Why the output file ``path`` (given with ``flag``) cannot be written atomically, as one
+    line, or None: it is a directory, its directory does not exist, it is read-only, or no file
+    can be made beside it, where the atomic write makes its temporary file (tried, since a mode
+    says nothing to root). A symlink's target is what gets replaced."""
+    if os.path.isdir(path):
+        return f"{flag} {path} is a directory: give a file"
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        return f"{flag} {path}: directory {target.parent} does not exist: create it, or give a file in an existing one"
+    if target.exists() and not os.access(target, os.W_OK):
+        return f"{flag} {path} is read-only: make it writable, or give another file"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return (f"{flag} {path}: cannot create files in {target.parent} ({e.strerror}): give a file in a "
+                "writable directory")
+    return None
+
+
+def output_files_problem(outputs, inputs) -> Optional[str]:
+    """Why a tool cannot write its output files, as one line, or None; checked before any work.
+    ``outputs`` maps a flag to a file path or None, ``inputs`` a flag to the paths the tool reads:
+    each output must be writable (:func:`output_file_problem`), none the same file as another, none
+    an input (:func:`outputs_over_inputs_problem`)."""
+    given = {flag: path for flag, path in outputs.items() if path is not None}
+    for flag, path in given.items():
+        problem = output_file_problem(flag, path)
+        if problem:
+            return problem
+    seen = {}
+    for flag, path in given.items():
+        other = seen.setdefault(os.path.realpath(path), flag)
+        if other != flag:
+            return (f"{other} {given[other]} and {flag} {path} are the same file: one would replace the other; "
+                    "give two different files")
+    return outputs_over_inputs_problem(given, inputs)
 
 
 def output_dir_problem(flag: str, path, replaced: bool = False) -> Optional[str]:

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -14,6 +15,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+
+# Every test works under a directory named as badly as a user could name one: a space, a semicolon
+# and a shell substitution. A tool or recipe that passes a path unquoted fails here, or makes a file
+# named x (checked at the end of the session), instead of doing so on a user's machine. Read by
+# pytest's tmp_path machinery when it first makes a directory.
+WORST_NAME = "a b;$(touch x)"
+TEMP_ROOT = Path(tempfile.gettempdir()) / "fairseq-rope-tests" / WORST_NAME
+TEMP_ROOT.mkdir(parents=True, exist_ok=True)
+os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TEMP_ROOT)
 
 
 def cli_command(args, env):
@@ -198,3 +208,35 @@ def kernel_launches(interpreted_kernel, monkeypatch):
     monkeypatch.setattr(interpreted_kernel, "_launch", counting_launch)
     return launches
 
+
+
+UNQUOTED_PATH_WITNESSES = (REPO / "x", TEMP_ROOT.parent / "x", TEMP_ROOT / "x")
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # what an earlier session's bug left
+        for witness in UNQUOTED_PATH_WITNESSES:
+            witness.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A path passed unquoted to a shell ran ``touch x`` there: in the checkout (every command's
+    working directory) or beside the tests' directories."""
+    if hasattr(session.config, "workerinput"):
+        return  # the controller checks once, after every worker
+    made = [str(path) for path in UNQUOTED_PATH_WITNESSES if path.exists()]
+    if made:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\na path was passed unquoted to a shell: it made {', '.join(made)}", file=sys.stderr)
+
+
+def translate_in_process(capsys, *args):
+    """fairseq-rope-translate's main in this process, quiet, one thread: (exit status, stderr lines)."""
+    from fairseq_rope_tools.deploy import translate
+
+    try:
+        translate.main([str(a) for a in args] + ["--quiet", "--threads", "1"])
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err.strip().splitlines()

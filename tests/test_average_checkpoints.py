@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import run_cli
 
+from fairseq_rope.checkpoints import DICTIONARIES, dictionary_fingerprint
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +34,17 @@ def random_params(seed, shapes=(("encoder.w", (4, 3)), ("decoder.b", (3,)))):
     params = {name: torch.randn(*shape, generator=g) for name, shape in shapes}
     params["encoder.version"] = torch.tensor([3])
     return params
+
+
+def stopped(argv, capsys, status=1):
+    """The one-line error with which ``fairseq-rope-average argv`` stops (its exit status checked),
+    without its ``PROG: error:`` prefix."""
+    with pytest.raises(SystemExit) as e:
+        avg.main(argv)
+    assert e.value.code == status
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the "averaging N checkpoints" lines
+    assert ": error: " in last, last
+    return last.split(": error: ", 1)[1]
 
 
 def test_exact_mean_of_explicit_list(tmp_path):
@@ -79,21 +91,21 @@ def test_last_update_checkpoints_of_a_directory_with_upper_bound(tmp_path):
     assert torch.load(out)["model"]["w"][0, 0].item() == 200.0
 
 
-def test_last_epoch_checkpoints_and_too_few(tmp_path):
+def test_last_epoch_checkpoints_and_too_few(tmp_path, capsys):
     for epoch in (1, 2, 3, 10):
         _constant_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
     _constant_checkpoint(tmp_path / "checkpoint_10_5000.pt", -100)
     out = tmp_path / "avg.pt"
     avg.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "2", "--output", str(out)])
     assert torch.load(out)["model"]["w"][0, 0].item() == 6.5  # epochs 10 and 3, sorted numerically
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5", "--output", str(tmp_path / "x.pt")])
-    assert "found 4 epoch checkpoints" in str(e.value) and "need 5" in str(e.value)
+    message = stopped(["--inputs", str(tmp_path), "--num-epoch-checkpoints", "5", "--output", str(tmp_path / "x.pt")],
+                      capsys)
+    assert "found 4 epoch checkpoints" in message and "need 5" in message
     assert not (tmp_path / "x.pt").exists()
 
 
 @pytest.mark.parametrize("kind", ["shape", "names", "arch"])
-def test_mismatched_checkpoints_are_refused_naming_the_file(tmp_path, kind):
+def test_mismatched_checkpoints_are_refused_naming_the_file(tmp_path, kind, capsys):
     good = make_checkpoint(tmp_path / "good.pt", random_params(0))
     if kind == "shape":
         bad = make_checkpoint(tmp_path / "bad.pt", random_params(1, (("encoder.w", (4, 4)), ("decoder.b", (3,)))))
@@ -105,9 +117,7 @@ def test_mismatched_checkpoints_are_refused_naming_the_file(tmp_path, kind):
         bad = make_checkpoint(tmp_path / "bad.pt", random_params(1), arch="transformer_tiny")
         expect = "architecture 'transformer_tiny'"
     out = tmp_path / "avg.pt"
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(good), str(bad), "--output", str(out)])
-    message = str(e.value)
+    message = stopped(["--inputs", str(good), str(bad), "--output", str(out)], capsys)
     assert str(bad) in message and expect in message
     assert not out.exists()
 
@@ -136,13 +146,12 @@ def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "c0.pt", "c1.pt"]
 
 
-def test_unreadable_checkpoint_is_named(tmp_path):
+def test_unreadable_checkpoint_is_named(tmp_path, capsys):
     good = make_checkpoint(tmp_path / "good.pt", random_params(0))
     bad = tmp_path / "truncated.pt"
     bad.write_bytes(good.read_bytes()[:100])
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(good), str(bad), "--output", str(tmp_path / "o.pt")])
-    assert f"cannot load {bad}" in str(e.value)
+    message = stopped(["--inputs", str(good), str(bad), "--output", str(tmp_path / "o.pt")], capsys)
+    assert f"cannot load {bad}" in message
 
 
 @pytest.mark.e2e
@@ -194,12 +203,10 @@ def _rope_checkpoint(path, seed, **options):
     ("attention_kind", "softmax", "linear"),
     ("encoder_attention_heads", 2, 4),  # same shapes, other computation
 ])
-def test_checkpoints_of_different_models_are_refused_naming_the_option(tmp_path, option, a, b):
+def test_checkpoints_of_different_models_are_refused_naming_the_option(tmp_path, option, a, b, capsys):
     first = _rope_checkpoint(tmp_path / "a.pt", 0, **{option: a})
     second = _rope_checkpoint(tmp_path / "b.pt", 1, **{option: b})
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(first), str(second), "--output", str(tmp_path / "avg.pt")])
-    message = str(e.value)
+    message = stopped(["--inputs", str(first), str(second), "--output", str(tmp_path / "avg.pt")], capsys)
     assert f"{second} has {option} {b!r}, but {first} has {a!r}" in message
     assert not (tmp_path / "avg.pt").exists()
 
@@ -221,29 +228,28 @@ def test_averaging_merges_the_recorded_training_lengths(tmp_path):
     assert model_cfg.rope_trained_length_counts == [0, 4, 9, 2, 1]
 
 
-def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, capsys):
     good = make_checkpoint(tmp_path / "good.pt", random_params(0))
     text = tmp_path / "notes.txt"
     text.write_text("eeee\n" * 50)
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(good), str(text), "--output", str(tmp_path / "o.pt")])
-    assert f"cannot load {text}: not a checkpoint" in str(e.value)
+    message = stopped(["--inputs", str(good), str(text), "--output", str(tmp_path / "o.pt")], capsys)
+    assert f"cannot load {text}: not a checkpoint" in message
 
 
-def test_an_input_that_is_a_symlink_to_the_output_is_refused(tmp_path):
+def test_an_input_that_is_a_symlink_to_the_output_is_refused(tmp_path, capsys):
     paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
     link = tmp_path / "latest.pt"
     link.symlink_to(paths[1])
     before = paths[1].read_bytes()
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(paths[0]), str(link), "--output", str(paths[1])])
-    assert "is one of the inputs" in str(e.value)
+    message = stopped(["--inputs", str(paths[0]), str(link), "--output", str(paths[1])], capsys, status=2)
+    assert message == (f"--output {paths[1]} is --inputs {link}: the output would overwrite its own input; "
+                       "give another output")
     assert paths[1].read_bytes() == before
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
                                    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4160")])
-def test_full_disk_is_one_line_with_the_path(tmp_path, monkeypatch, error):
+def test_full_disk_is_one_line_with_the_path(tmp_path, monkeypatch, error, capsys):
     paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(2)]
 
     def disk_full(obj, f, *args, **kwargs):
@@ -252,10 +258,100 @@ def test_full_disk_is_one_line_with_the_path(tmp_path, monkeypatch, error):
 
     monkeypatch.setattr(avg.torch, "save", disk_full)
     out = tmp_path / "avg.pt"
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", *map(str, paths), "--output", str(out)])
-    assert f"no space left on device while writing {out}" in str(e.value)
+    message = stopped(["--inputs", *map(str, paths), "--output", str(out)], capsys)
+    assert f"no space left on device while writing {out}" in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]
+
+
+# --- dictionaries ---------------------------------------------------------------------------------
+
+def fingerprint(*words):
+    """The fingerprint of a fairseq dictionary of ``words`` in this order."""
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for word in words:
+        dictionary.add_symbol(word)
+    return dictionary_fingerprint(dictionary)
+
+
+def _with_dictionaries(path, source, target):
+    """The checkpoint ``path``, recording its dictionaries as every checkpoint fairseq-train writes
+    with the plugin does."""
+    state = torch.load(path, weights_only=False)
+    state[DICTIONARIES] = {"source": source, "target": target}
+    torch.save(state, path)
+    return path
+
+
+def test_checkpoints_of_other_dictionaries_are_refused_naming_both(tmp_path, capsys):
+    """The same words in another order: the same shapes and options, but each token id is another
+    word in each model. Only what the checkpoints record tells them apart."""
+    ours, reordered = fingerprint("Haus", "Katze"), fingerprint("Katze", "Haus")
+    first = _with_dictionaries(_rope_checkpoint(tmp_path / "a.pt", 0), ours, ours)
+    second = _with_dictionaries(_rope_checkpoint(tmp_path / "b.pt", 1), ours, reordered)
+    message = stopped(["--inputs", str(first), str(second), "--output", str(tmp_path / "avg.pt")], capsys)
+    assert message == (f"{second} was trained with another target dictionary than {first} (fingerprints "
+                       f"{reordered[:12]} and {ours[:12]}): a token id means another token in each, so they cannot "
+                       "be averaged; average the checkpoints of one training")
+    assert not (tmp_path / "avg.pt").exists()
+
+
+def test_checkpoints_that_record_no_dictionaries_are_averaged_with_those_that_do(tmp_path):
+    """Checkpoints saved before the fingerprints were recorded: what they record is compared."""
+    ours = fingerprint("Haus", "Katze")
+    older = _rope_checkpoint(tmp_path / "a.pt", 0)
+    paths = [older] + [_with_dictionaries(_rope_checkpoint(tmp_path / f"{name}.pt", seed), ours, ours)
+                       for seed, name in ((1, "b"), (2, "c"))]
+    avg.main(["--inputs", *map(str, paths), "--output", str(tmp_path / "avg.pt")])
+    assert torch.load(tmp_path / "avg.pt")[DICTIONARIES] == {"source": ours, "target": ours}
+
+
+# --- the output, checked before any work ----------------------------------------------------------
+
+@pytest.mark.parametrize("output, message", [
+    ("ckpt", "--output {output} is a directory: give the file to write the average to"),
+    ("elsewhere", "--output {output} is a directory: give the file to write the average to"),
+    ("notes.txt/avg.pt", "--output {output}: directory {tmp_path}/notes.txt is a file, not a directory: "
+                         "give a directory"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch,
+                                                                                    output, message):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "notes.txt").write_text("a file\n")
+    for update in (1, 2):
+        make_checkpoint(tmp_path / "ckpt" / f"checkpoint_1_{update}.pt", random_params(update))
+
+    def not_read(path):
+        raise AssertionError(f"{path} was read: the output is checked first")
+
+    monkeypatch.setattr(avg, "load_checkpoint", not_read)
+    output = tmp_path / output
+    assert stopped(["--inputs", str(tmp_path / "ckpt"), "--num-update-checkpoints", "2", "--output", str(output)],
+                   capsys, status=2) == message.format(output=output, tmp_path=tmp_path)
+
+
+# --- torch's legacy format (before torch 1.6) -----------------------------------------------------
+
+def test_a_checkpoint_in_torchs_legacy_format_is_averaged(tmp_path):
+    current = make_checkpoint(tmp_path / "current.pt", random_params(0))
+    legacy = tmp_path / "legacy.pt"
+    torch.save(torch.load(make_checkpoint(tmp_path / "zip.pt", random_params(1))), legacy,
+               _use_new_zipfile_serialization=False)
+    avg.main(["--inputs", str(current), str(legacy), "--output", str(tmp_path / "avg.pt")])
+    expected = (torch.load(current)["model"]["encoder.w"].double() + torch.load(legacy)["model"]["encoder.w"]) / 2
+    assert torch.equal(torch.load(tmp_path / "avg.pt")["model"]["encoder.w"], expected.float())
+
+
+def test_a_legacy_format_checkpoint_that_does_not_load_is_named_as_one(tmp_path, capsys):
+    good = make_checkpoint(tmp_path / "good.pt", random_params(0))
+    legacy = tmp_path / "legacy.pt"
+    torch.save(torch.load(good), legacy, _use_new_zipfile_serialization=False)
+    legacy.write_bytes(legacy.read_bytes()[:300])
+    message = stopped(["--inputs", str(good), str(legacy), "--output", str(tmp_path / "o.pt")], capsys)
+    assert message == (f"cannot load {legacy}: a checkpoint in torch's legacy format (saved before torch 1.6) that "
+                       "does not load: truncated? Copy it again from where it was saved")
 
 
 HANG_WHILE_WRITING = """

@@ -93,3 +93,15 @@ def test_the_rotation_ablation_says_each_rep_before_its_table():
     table = next(i for i, line in enumerate(text) if line.startswith("tiny, 1 thread(s)"))
     assert len(reps) == 2 and reps[-1] < table and lines[reps[0]][1], text  # the first while it ran
     assert all(any(line.lstrip().startswith(name) for line in text[table:]) for name in ("stock", "rope"))
+
+
+def test_pool_never_writes_its_report_over_one_it_reads(tmp_path, capsys):
+    """--pool A B --json-out A would replace report A by the pooled one: refused before reading."""
+    from fairseq_rope_tools.research import benchmark_speed
+
+    report = tmp_path / "run1.json"
+    report.write_text('{"results": {}}')
+    with pytest.raises(SystemExit) as stop:
+        benchmark_speed.main(["--pool", str(report), str(report), "--json-out", str(report)])
+    assert stop.value.code == 2 and f"--json-out {report} is --pool {report}" in capsys.readouterr().err
+    assert report.read_text() == '{"results": {}}'

@@ -1,6 +1,7 @@
 """Nothing lost, nothing silently changed: atomic checkpoint writes, resuming after a kill,
 refused --model-overrides, and bad flags reported as one line when the arguments are parsed."""
 
+import argparse
 import errno
 import os
 import re
@@ -8,13 +9,15 @@ import shutil
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import REPO, run_cli
 
-from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
-from fairseq_rope.config_values import OptionError
+from fairseq_rope import checkpoints
+from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically, saved_model_config
+from fairseq_rope.config_values import OneLineError, OptionError
 from fairseq_rope_tools.files import remove_stale_temporaries, write_atomically
 
 
@@ -72,7 +75,8 @@ def test_kill_while_writing_checkpoint_last_then_resume_with_the_same_command(ti
 
     resumed = run_cli(["fairseq-train", *args])
     log = resumed.stdout + resumed.stderr
-    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ 20 updates\)", log), log[-3000:]
+    assert re.search(rf"Loaded checkpoint {re.escape(str(save_dir / 'checkpoint_last.pt'))} \(epoch \d+ @ 20 updates\)",
+                     log), log[-3000:]
     assert final_updates(log) == 60
     assert updates_in(save_dir / "checkpoint_last.pt") == 60
     # the killed write's temporary file is gone and was never a checkpoint name
@@ -124,8 +128,40 @@ def test_unreadable_checkpoint_last_and_nothing_else_is_an_error(tiny_data_bin, 
     save_dir.mkdir()
     (save_dir / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 truncated")
     proc = run_cli(["fairseq-train", *train_args(tiny_data_bin / "data-bin", save_dir, 5)], check=False)
-    assert proc.returncode != 0
-    assert "holds no other readable checkpoint" in proc.stderr and "--restore-file" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fairseq-train: error: {save_dir / 'checkpoint_last.pt'} is unreadable (truncated?) and {save_dir} holds no "
+        "other readable checkpoint: delete it to train from scratch, or pass --restore-file FILE")
+    assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_last.pt"]  # its lock file removed
+
+
+def resume_from(save_dir):
+    """The checkpoint fairseq's load_checkpoint is given, through the plugin's fallback, for a
+    run resuming ``save_dir`` with the default --restore-file."""
+    loaded = []
+    load = checkpoints._resume_falls_back(lambda cfg, trainer: loaded.append(cfg.restore_file))
+    load(SimpleNamespace(restore_file="checkpoint_last.pt", save_dir=str(save_dir)),
+         SimpleNamespace(checkpoint_suffix=""))
+    return loaded[0]
+
+
+def test_unreadable_checkpoint_last_and_nothing_else_stops_in_one_line(tmp_path):
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(OneLineError) as e:
+        resume_from(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'checkpoint_last.pt'} is unreadable (truncated?) and {tmp_path} holds no "
+                            "other readable checkpoint: delete it to train from scratch, or pass --restore-file FILE")
+
+
+def test_a_checkpoint_last_in_torchs_legacy_format_is_resumed_as_it_is(tmp_path):
+    """torch's format before 1.6 has no zip directory, and is no truncated file: fairseq loads it,
+    and the resume check reads its model configuration."""
+    model_cfg = argparse.Namespace(arch="transformer_rope_tiny", rope_theta=500.0)
+    state = {"model": {}, "cfg": {"model": model_cfg}, "optimizer_history": [{"num_updates": 30}]}
+    torch.save(state, tmp_path / "checkpoint_last.pt", _use_new_zipfile_serialization=False)
+    torch.save(dict(state, optimizer_history=[{"num_updates": 20}]), tmp_path / "checkpoint_1_20.pt")
+    assert resume_from(tmp_path) == "checkpoint_last.pt"
+    assert saved_model_config(str(tmp_path / "checkpoint_last.pt")).rope_theta == 500.0
 
 
 @pytest.mark.e2e

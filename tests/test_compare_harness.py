@@ -4,6 +4,7 @@ scaling overrides), scores with confidence intervals and paired bootstrap tests,
 resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cli.py,
 fairseq_rope_tools/research/significance.py)."""
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_command, run_cli
@@ -342,7 +344,7 @@ def test_plot_rope_decay_redraws_fig2(tmp_path):
     assert max(bound[200:]) < bound[20] < bound[0]  # decays with distance (Fig. 2)
 
 
-def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
+def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path, capsys):
     """A \\r or U+2028 inside a line is a space, not a line break (which would pair sentences with
     the translations of others); a side with another number of lines or invalid UTF-8 is refused."""
     (tmp_path / "train.en").write_bytes("a b\rc\nd e\nf\n".encode())
@@ -351,13 +353,11 @@ def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path):
         (["a", "b", "c"], ["A", "B", "C"]), (["d", "e"], ["D", "E"]), (["f"], ["F"])]
     (tmp_path / "valid.en").write_text("a\nb\n")
     (tmp_path / "valid.de").write_text("A\n")
-    with pytest.raises(SystemExit) as e:
-        harness.main(["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
-    assert "valid.en (2 lines)" in str(e.value) and "not parallel" in str(e.value)
+    err = _refused(capsys, ["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")], status=1)
+    assert "error: " in err and "valid.en (2 lines)" in err and "not parallel" in err
     (tmp_path / "valid.de").write_bytes(b"A\n\xe9\n")
-    with pytest.raises(SystemExit) as e:
-        harness.main(["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
-    assert f"{tmp_path / 'valid.de'}: line 2: invalid UTF-8" in str(e.value)
+    err = _refused(capsys, ["--raw-dir", str(tmp_path), "--out-dir", str(tmp_path / "out")], status=1)
+    assert f"error: {tmp_path / 'valid.de'}: line 2: invalid UTF-8" in err
 
 
 @pytest.fixture(scope="module")
@@ -388,7 +388,7 @@ def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickst
     assert parallel == _scores(tmp_path / "sequential", 2) and parallel[0]["sinusoidal"]
 
     run_dir = tmp_path / "parallel" / "runs" / "sinusoidal" / "seed2"
-    assert f"{work / 'data-bin'} " in (run_dir / "generate.log").read_text().splitlines()[0]
+    assert f"{shlex.quote(str(work / 'data-bin'))} " in (run_dir / "generate.log").read_text().splitlines()[0]
     score_bleu = harness.score_bleu
     expected = score_bleu.run(["--hyp", str(run_dir / "hyp.tok.txt"), "--ref", str(work / "tok" / "test.de"),
                                 "--raw-ref", str(work / "raw" / "test.de")])
@@ -434,8 +434,8 @@ def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
     proc = run_cli([COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path, "--variants", "sinusoidal",
                     *TINY_RUN, "--train-args", "--no-such-option"], check=False, timeout=300)
     log = tmp_path / "runs" / "sinusoidal" / "seed1" / "train.log"
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: train.sh exited with status")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("fairseq-rope-compare: error: train.sh exited with status")
     assert "unrecognized arguments: --no-such-option" in proc.stderr and proc.stderr.rstrip().endswith(f"full log: {log}")
     assert not (tmp_path / "runs" / "sinusoidal" / "seed1" / "result.json").exists()
 
@@ -468,8 +468,16 @@ def test_a_killed_training_resumes_from_its_last_checkpoint(tiny_data_bin, tmp_p
                 break
         else:
             pytest.fail("the training ended before it could be killed:\n" + "".join(seen[-30:]))
+        # the harness alone, as `kill -9 PID` does (case 8 of issue 34: train.sh and fairseq-train ran on)
+        os.kill(harness_run.pid, signal.SIGKILL)
+        harness_run.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _session_processes(harness_run.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _session_processes(harness_run.pid) == [], "the harness's commands outlived it"
     finally:
-        os.killpg(harness_run.pid, signal.SIGKILL)  # the harness, train.sh and fairseq-train at once
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(harness_run.pid, signal.SIGKILL)
         harness_run.wait(timeout=60)
         harness_run.stdout.close()
     seconds_before = json.loads((run_dir / "training.json").read_text())["seconds"]
@@ -480,7 +488,8 @@ def test_a_killed_training_resumes_from_its_last_checkpoint(tiny_data_bin, tmp_p
     assert "rope seed 1: training" not in proc.stdout
     log = (run_dir / "train.log").read_text()
     assert len([line for line in log.splitlines() if line.startswith("env ")]) == 2  # one command per attempt
-    resumed_at = re.findall(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)", log)
+    resumed_at = re.findall(rf"Loaded checkpoint {re.escape(str(run_dir))}\S*/checkpoint_last\.pt \(epoch \d+ @ (\d+) updates\)",
+                            log)
     assert len(resumed_at) == 1 and 4 <= int(resumed_at[0]) < 24, log[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["train_curve"][-1][0] == 24 and [u for u, _ in result["train_curve"]] == list(range(1, 25))
@@ -499,3 +508,260 @@ def test_only_an_interrupted_training_of_the_same_settings_is_resumed(tmp_path):
     assert harness.interrupted_training(tmp_path, {**settings, "seed": 2}, overwrite=False) is None
     (tmp_path / "training.json").write_text('{"settings": ')  # cut short: trained again, from scratch
     assert harness.interrupted_training(tmp_path, settings, overwrite=False) is None
+
+
+# ---------------------------------------------------------------- issue 34: what the harness writes and refuses
+
+def _refused(capsys, argv, status=2):
+    """harness.main(argv) must stop with ``status`` before any work; returns its stderr."""
+    with pytest.raises(SystemExit) as stop:
+        harness.main(argv)
+    assert stop.value.code == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture
+def no_real_commands(monkeypatch):
+    """fairseq-preprocess makes a data-bin of three files, and the trainings are not run: the
+    harness's writes (or refusals) before training, in-process."""
+    def preprocess(cmd, log_path, **kwargs):
+        assert cmd[0] == "fairseq-preprocess", cmd
+        destdir = Path(cmd[cmd.index("--destdir") + 1])
+        destdir.mkdir(parents=True, exist_ok=True)
+        for name in ("dict.en.txt", "dict.de.txt", "test.en-de.en.idx"):
+            (destdir / name).write_text("made\n")
+
+    def no_training(args, data):
+        raise AssertionError("the harness went on to train")
+
+    monkeypatch.setattr(compare_data, "run_logged", preprocess)
+    monkeypatch.setattr(harness, "run_all", no_training)
+
+
+def _raw_dir(directory, test_target="C D"):
+    directory.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        (directory / f"{split}.en").write_text("a b\nc d\n")
+        (directory / f"{split}.de").write_text(f"B A\n{test_target if split == 'test' else 'D C'}\n")
+    return directory
+
+
+def _prepared_work_dir(work):
+    """What prepare.sh leaves: its step directories with their .done, BPE text, a data-bin."""
+    for step in compare_data.PREPARE_STEPS:
+        (work / step).mkdir(parents=True)
+        (work / step / ".done").write_text(f"{step} done\n")
+        if step != "data-bin":
+            _raw_dir(work / step)
+    for name in ("bpe_type", "bpe.codes", "dict.en.txt", "dict.de.txt", "test.en-de.en.idx"):
+        (work / "data-bin" / name).write_text("subword_nmt\n" if name == "bpe_type" else "prepared\n")
+    return work
+
+
+def _tree(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_case1_a_prepared_work_dir_as_out_dir_is_refused_and_kept(tmp_path, capsys, no_real_commands):
+    """Case 1: --prepared-dir W --out-dir W --length-split N replaced W's data-bin by the split one
+    (.done, bpe_type and bpe.codes gone, training cut to the short pairs), exit 0."""
+    work = _prepared_work_dir(tmp_path / "work")
+    before = _tree(work)
+    err = _refused(capsys, ["--prepared-dir", str(work), "--out-dir", str(work), "--length-split", "2"])
+    assert (f"error: --out-dir's data-bin/ {work / 'data-bin'} is --prepared-dir's data-bin/ {work / 'data-bin'}: "
+            "the output would overwrite its own input") in err
+    # without a length split nothing of W would be replaced, but the comparison's files do not go among the corpus's
+    err = _refused(capsys, ["--prepared-dir", str(work), "--out-dir", str(work)])
+    assert f"error: --out-dir {work} is a prepare.sh work dir (it holds raw/.done, tok/.done" in err
+    other = tmp_path / "other"
+    err = _refused(capsys, ["--prepared-dir", str(other), "--out-dir", str(work), "--length-split", "2"])
+    assert f"error: --out-dir {work} is a prepare.sh work dir" in err
+    assert _tree(work) == before
+
+
+@pytest.mark.parametrize("made_by", ["fairseq-preprocess", "a user"])
+@pytest.mark.parametrize("name", ["data-bin", "text"])
+def test_case1_a_data_bin_or_text_the_harness_did_not_make_is_refused(tmp_path, capsys, no_real_commands, name,
+                                                                        made_by):
+    raw, out = _raw_dir(tmp_path / "raw"), tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    (out / name / "dict.en.txt").write_text(f"made by {made_by}\n")
+    err = _refused(capsys, ["--raw-dir", str(raw), "--out-dir", str(out)])
+    assert (f"error: --out-dir {out} holds a {name}/ that fairseq-rope-compare did not make (it has no "
+            f"{compare_data.MARKER}), and the comparison replaces {name}/ as a whole") in err
+    assert _tree(out) == {f"{name}/dict.en.txt": f"made by {made_by}\n".encode()}
+    # where the harness binarizes nothing, a data-bin beside its runs is no concern of its
+    args = harness.parse_args(["--data-bin", str(out / name), "--out-dir", str(out)])
+    assert compare_data.out_dir_problem(args, harness.harness_outputs(args)) is None
+
+
+def test_case1_the_harness_marks_what_it_binarizes_and_replaces_it_on_a_rerun(tmp_path, no_real_commands):
+    raw, out = _raw_dir(tmp_path / "raw"), tmp_path / "out"
+    args = harness.parse_args(["--raw-dir", str(raw), "--out-dir", str(out)])
+    for _ in range(2):
+        assert compare_data.out_dir_problem(args, harness.harness_outputs(args)) is None
+        data = compare_data.prepare(args, lambda message: None)
+        assert data.data_bin == out / "data-bin"
+        assert (out / "text" / compare_data.MARKER).is_file() and (out / "data-bin" / compare_data.MARKER).is_file()
+        assert (out / "text" / "test.de").read_text() == "B A\nC D\n"
+    assert sorted(p.name for p in out.iterdir()) == ["data-bin", "text"]  # no temporaries left beside them
+
+
+@pytest.mark.parametrize("layout", ["raw-dir is out/text", "raw-dir links to out/text", "data-bin in out/runs"])
+def test_case5_an_output_over_an_input_is_refused(tmp_path, capsys, no_real_commands, layout):
+    out = tmp_path / "out"
+    if layout == "data-bin in out/runs":
+        source = out / "runs" / "data-bin"
+        source.mkdir(parents=True)
+        for name in ("dict.en.txt", "dict.de.txt"):
+            (source / name).write_text("a 1\n")
+        argv, expected = ["--data-bin", str(source)], f"--out-dir's runs/ {out / 'runs'} holds --data-bin {source}"
+    else:
+        source = _raw_dir(out / "text")
+        if layout == "raw-dir links to out/text":
+            (tmp_path / "link").symlink_to(source)
+            source = tmp_path / "link"
+        argv, expected = ["--raw-dir", str(source)], f"--out-dir's text/ {out / 'text'} is --raw-dir {source}"
+    before = _tree(out)
+    err = _refused(capsys, [*argv, "--out-dir", str(out), "--variants", "sinusoidal"])
+    assert f"error: {expected}: the output would overwrite its own input; give another output" in err
+    assert _tree(out) == before
+
+
+def test_case6_the_training_length_reaches_the_bucket_export(tmp_path, monkeypatch):
+    """Case 6: --rope-scaling-original-length L --ctranslate2-length-buckets gave L to fairseq's
+    decodes only; the bucket export then failed on a checkpoint that records no L."""
+    def parsed(*extra):
+        return harness.parse_args(["--raw-dir", "x", "--out-dir", str(tmp_path), "--variants", "rope", "--baseline",
+                                   "rope", "--max-len-a", "0", "--ctranslate2-length-buckets", "2", *extra])
+
+    commands = []
+
+    class Exported(Exception):
+        pass
+
+    def run_logged(cmd, log_path, **kwargs):
+        commands.append([str(c) for c in cmd])
+        raise Exported
+
+    monkeypatch.setattr(harness, "run_logged", run_logged)
+    data = compare_data.TestData(tmp_path / "data-bin", {"test": [0, 1]}, None, None, [], tmp_path / "test.en")
+    for args in (parsed("--rope-scaling-original-length", "9"), parsed()):
+        settings = harness.wanted_decodes(args, "rope")[harness.CT2_BUCKETS]
+        with pytest.raises(Exported):
+            harness.decode_with_ctranslate2(args, data, tmp_path / "averaged.pt", settings, tmp_path / "log", "rope",
+                                            {}, tmp_path)
+    given, recorded = commands
+    assert given[0] == "fairseq-rope-export" and given[given.index("--rope-scaling-original-length") + 1] == "9"
+    assert "--rope-scaling-original-length" not in recorded  # the checkpoint's own L
+    # another L is another decode: a rerun exports and decodes again
+    assert harness.wanted_decodes(parsed("--rope-scaling-original-length", "10"), "rope") != \
+        harness.wanted_decodes(parsed("--rope-scaling-original-length", "9"), "rope")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--rope-scaling-original-length", "9"], "--rope-scaling-original-length is read only by yarn and the dynamic"),
+    (["--extrapolation-scaling", "ntk:2", "--rope-scaling-original-length", "9"],
+     "--rope-scaling-original-length is read only by yarn"),
+    (["--extrapolation-scaling", "yarn:2", "--rope-scaling-original-length=-3"],
+     "--rope-scaling-original-length must be a number of tokens > 0, got -3"),
+    (["--variants", "sinusoidal", "learned", "--extrapolation-scaling", "yarn:2"],
+     "decode the RoPE variants only, and --variants names none"),
+    (["--variants", "sinusoidal", "--ctranslate2-length-buckets", "--max-len-a", "0"],
+     "decode the RoPE variants only"),
+    (["--gen-subset", "valid"], "--gen-subset valid: the references of --raw-dir, --prepared-dir and"),
+    (["--corpus-train-size", "100"], "--corpus-train-size: the options of --quickstart-corpus, which is not asked"),
+])
+def test_case6_options_that_would_change_nothing_are_refused(capsys, bad, message):
+    with pytest.raises(SystemExit) as stop:
+        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_case6_bpe_markers_in_raw_text_with_remove_bpe_are_refused(tmp_path, capsys, no_real_commands):
+    """Case 6: --raw-dir text with '@@ ' and --generate-args --remove-bpe scored hypotheses without
+    the markers against references with them (tok BLEU 3-5 points low, exit 0)."""
+    raw, out = _raw_dir(tmp_path / "raw", test_target="D@@ C"), tmp_path / "out"
+    err = _refused(capsys, ["--raw-dir", str(raw), "--out-dir", str(out), "--generate-args", "--remove-bpe"])
+    assert (f"error: {raw / 'test.de'} carries subword markers ('@@', line 2), which --generate-args --remove-bpe "
+            "removes from the hypotheses only") in err
+    assert not (out / "data-bin").exists() and not (out / "text").exists()
+    assert compare_data.removed_marker(["--remove-bpe", "--quiet"]) == "@@ "
+    assert compare_data.removed_marker(["--remove-bpe=subword_nmt"]) == "@@ "
+    assert compare_data.removed_marker(["--quiet", "--remove-bpe", "sentencepiece"]) == "\u2581"
+    assert compare_data.removed_marker(["--quiet"]) is None
+
+
+def _gone(pid):
+    """Whether process ``pid`` has ended (a zombie not yet reaped by its new parent counts)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def _session_processes(session):
+    """The live processes of a session (a command started with start_new_session: its descendants)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the watchdog reads /proc (Linux)")
+def test_case8_the_commands_of_a_harness_killed_with_sigkill_end_with_it(tmp_path):
+    """Case 8: the harness killed with kill -9 left its fairseq-train children running. A stand-in
+    harness runs a grandchild as train.sh runs fairseq-train (bash, then a process of its own)."""
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = (f"{shlex.quote(sys.executable)} -c 'import os, sys, time; open(sys.argv[1], \"w\")"
+                  f".write(str(os.getpid())); time.sleep(300)' {shlex.quote(str(pid_file))}; echo never reached")
+    stand_in = ("import sys\nfrom fairseq_rope_tools import cli\n"
+                "with cli.children_end_with_this_process():\n"
+                "    cli.run_logged(['bash', '-c', sys.argv[1]], sys.argv[2])\n")
+    run = subprocess.Popen([sys.executable, "-c", stand_in, grandchild, str(tmp_path / "log")], cwd=REPO,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and run.poll() is None, "the grandchild did not start"
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        os.kill(run.pid, signal.SIGKILL)  # the harness alone, as kill -9 PID does
+        run.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "the grandchild outlived the harness"
+        deadline = time.monotonic() + 20  # the watchdog, its work done, ends too
+        while _session_processes(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_processes(run.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+
+
+def test_commands_still_running_when_the_harness_ends_are_ended(monkeypatch):
+    from fairseq_rope_tools import cli
+
+    monkeypatch.delenv(cli.RUN_TOKEN, raising=False)
+    sleeper = None
+    try:
+        with cli.children_end_with_this_process():
+            token = os.environ[cli.RUN_TOKEN]
+            sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            assert sleeper.pid in cli.processes_carrying(cli.RUN_TOKEN, token)
+        assert sleeper.wait(timeout=20) == -signal.SIGTERM
+        assert cli.RUN_TOKEN not in os.environ
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()

@@ -9,6 +9,7 @@ import re
 import pytest
 from conftest import build_model, run_cli, run_cli_streaming
 
+from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -144,7 +145,7 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
 ])
 def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
     _, _, args = build_model(arch, *flags)
-    with pytest.raises(exporter.ExportRefused, match=re.escape(named)):
+    with pytest.raises(UserError, match=re.escape(named)):
         exporter.check_exportable(args)
 
 
@@ -187,3 +188,36 @@ def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
     assert fairseq["speedup"] == 1.0 and fairseq["identical_to_fairseq"] == fairseq["sentences"]
     assert float32["identical_to_fairseq"] >= 0.98 * float32["sentences"] and abs(float32["bleu"] - fairseq["bleu"]) <= 0.1
     assert "| ctranslate2 | int8 |" in (tmp_path / "results.md").read_text()
+
+
+# --- fairseq-rope-benchmark-ct2: one error convention, no output over an input ---------------------
+def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatch):
+    """The helpers raise (gpu_check.py calls them too); only the command's entry point exits."""
+    import subprocess
+
+    from fairseq_rope_tools.research import benchmark_ctranslate2 as bench
+
+    failed = subprocess.CompletedProcess([], 1, stdout="", stderr="RuntimeError: boom\n")
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(UserError, match="^fairseq-generate failed:\nRuntimeError: boom") as raised:
+        bench.fairseq_generate("checkpoint.pt", "data-bin", 1)
+    assert raised.value.status == 1
+    with pytest.raises(UserError, match=r"^CTranslate2 \(int8, CT2_USE_MKL=0\) failed") as raised:
+        bench.ct2_translate("ct2", "int8", 0, 1, [["w1"]])
+    assert raised.value.status == 1
+
+
+def test_the_benchmark_refuses_to_write_its_results_over_its_checkpoint(tmp_path, capsys, monkeypatch):
+    from fairseq_rope_tools.research import benchmark_ctranslate2 as bench
+
+    checkpoint = tmp_path / "results.json"
+    checkpoint.write_bytes(b"the checkpoint's bytes")
+    (tmp_path / "data-bin").mkdir()
+    monkeypatch.setattr(bench, "export", lambda *a: pytest.fail("the benchmark started"))
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--checkpoint", str(checkpoint), "--data-bin", str(tmp_path / "data-bin"), "--out-dir",
+                    str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert f"error: --out-dir's results.json {checkpoint} is --checkpoint {checkpoint}: the output would" in err
+    assert checkpoint.read_bytes() == b"the checkpoint's bytes"

@@ -22,7 +22,7 @@ from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E4
 pytestmark = pytest.mark.e2e
 
 EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
-ERROR = "fairseq-rope-export: error: "
+ERROR = "error: "  # after the program's name, which main() in-process takes from sys.argv[0]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def export_main(capsys, checkpoint, data_bin, output_dir, *extra):
 
 def assert_refused(status, lines, flag, *phrases):
     assert status == 2 and not any("Traceback" in line for line in lines), lines
-    assert lines[-1].startswith(ERROR + flag), lines[-1]
+    assert ERROR + flag in lines[-1], lines[-1]
     for phrase in phrases:
         assert phrase in lines[-1], lines[-1]
 
@@ -90,8 +90,8 @@ def test_force_refuses_a_directory_that_holds_the_checkpoint_or_the_data_bin(cap
     output_dir = {"save dir": checkpoint.parent, "data-bin": data_bin, "their parent": data_bin.parent}[target]
     before = contents(output_dir)
     status, lines = export_main(capsys, checkpoint, data_bin, output_dir, *flags)
-    held = "--data-bin" if target == "data-bin" else "--checkpoint"
-    assert_refused(status, lines, f"--output-dir {output_dir} holds {held}", "choose a new directory")
+    held = "is --data-bin" if target == "data-bin" else "holds --checkpoint"
+    assert_refused(status, lines, f"--output-dir {output_dir} {held}", "the output would overwrite its own input")
     assert contents(output_dir) == before
 
 
@@ -150,8 +150,7 @@ def test_evaluate_with_ct2_dir_in_the_save_dir_refuses_and_deletes_nothing(tiny_
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"[evaluate] error: export to CTranslate2 refused (CT2_DIR is its --output-dir): --output-dir {save_dir} "
-        f"holds --checkpoint {checkpoint}, which an export there would delete: choose a new directory, "
-        f"e.g. {save_dir}/ct2")
+        f"holds --checkpoint {checkpoint}: the output would overwrite its own input; give another output")
     after = contents(save_dir)  # evaluate.sh's own eval dir is all that was added
     assert {k: v for k, v in after.items() if not k.startswith("eval_")} == before
 
@@ -210,6 +209,26 @@ def test_a_checkpoint_replaced_while_it_is_read_is_refused(capsys, work, tmp_pat
     status, lines = export_main(capsys, checkpoint, data_bin, tmp_path / "ct2")
     assert_refused(status, lines, f"--checkpoint {checkpoint} changed while it was read", "export again")
     assert not (tmp_path / "ct2").exists() and hidden(tmp_path) == []
+
+
+# --- issue 34, case 3: --if-changed keeps no bucket of another checkpoint ---------------------
+def test_if_changed_re_exports_a_bucket_of_another_checkpoint(capsys, work, tmp_path):
+    checkpoint, data_bin = work
+    buckets, other = tmp_path / "buckets", tmp_path / "other"
+    assert export_main(capsys, checkpoint, data_bin, buckets, "--length-buckets", "2")[0] == 0
+    exported = (buckets / "yarn_x2" / "model.bin").read_bytes()
+    newer = _another_checkpoint(checkpoint, tmp_path / "newer.pt")
+    assert export_main(capsys, newer, data_bin, other, "--length-buckets", "2")[0] == 0
+    shutil.rmtree(buckets / "yarn_x2")
+    shutil.copytree(other / "yarn_x2", buckets / "yarn_x2")  # the manifest and plain/ still of checkpoint
+    assert (buckets / "yarn_x2" / "model.bin").read_bytes() != exported
+    status, lines = export_main(capsys, checkpoint, data_bin, buckets, "--length-buckets", "2", "--if-changed",
+                                "--force")
+    assert status == 0 and lines[-1].startswith("wrote "), lines
+    assert (buckets / "yarn_x2" / "model.bin").read_bytes() == exported
+    status, lines = export_main(capsys, checkpoint, data_bin, buckets, "--length-buckets", "2", "--if-changed",
+                                "--force")
+    assert status == 0 and lines[-1].endswith("already: nothing to do")
 
 
 # --- case 10: bad inputs and outputs are one line, and leave nothing --------------------------

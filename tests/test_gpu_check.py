@@ -96,8 +96,20 @@ def test_without_cuda_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
         gpu_check.main(["--out-dir", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert exit.value.code == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1 and err.startswith("no CUDA device: ")
+    assert len(err.strip().splitlines()) == 1 and ": error: no CUDA device: " in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_data_bin_inside_what_the_check_rewrites_is_refused(tmp_path, capsys):
+    """Each run deletes OUT_DIR/work/runs/RUN before it trains: a --data-bin kept there would go."""
+    data_bin = tmp_path / "out" / "work" / "runs" / "rope-fp32" / "data-bin"
+    data_bin.mkdir(parents=True)
+    (data_bin / "dict.en.txt").write_text("a 1\n")
+    with pytest.raises(SystemExit) as exit:
+        gpu_check.main(["--tiny", "--out-dir", str(tmp_path / "out"), "--data-bin", str(data_bin)])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and "--out-dir's work/runs" in err and f"holds --data-bin {data_bin}" in err
+    assert sorted(p.name for p in data_bin.iterdir()) == ["dict.en.txt"]
 
 
 def test_ulps_and_peak_table():

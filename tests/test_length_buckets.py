@@ -3,12 +3,14 @@
 breaks that, and fairseq-rope-translate sends each sentence to the bucket of its length, the
 sentences within the training length to the plain model."""
 
+import hashlib
 import json
 import math
+import shutil
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, translate_in_process
 from test_export_ctranslate2 import EXPORT, agreement, ct2_translate, fairseq_generate
 
 from fairseq_rope.modules import rope_scaling
@@ -20,7 +22,16 @@ from fairseq_rope.modules.rope_scaling import (
 )
 from fairseq_rope.modules.rotary import inverse_frequencies, yarn_frequencies
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
-from fairseq_rope_tools.deploy.exported import LENGTH_BUCKETS, bucket_of, read_bucket_manifest
+from fairseq_rope_tools.deploy import translate as translate_py
+from fairseq_rope_tools.deploy.exported import (
+    EXPORT_INFO,
+    LENGTH_BUCKETS,
+    bucket_of,
+    bucket_overrides,
+    read_bucket_manifest,
+    verified_bucket_manifest,
+    vocabulary_digests,
+)
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -66,6 +77,150 @@ def test_yarn_is_expressed_as_su_with_both_factor_lists_alike():
                                             (29, 3), (30, 4), (39, 4), (40, 4), (500, 4)])
 def test_a_sentence_goes_to_the_next_factor_up_from_its_length_over_L(tokens, bucket):
     assert bucket_of(tokens, 10, [1.0, *FACTORS]) == bucket  # tokens + </s> over L = 10
+
+
+# --- the manifest is verified, not trusted (in-process, on a bucket export's records) -----------
+VOCABULARY = ["<s>", "<blank>", "</s>", "<unk>", "w1", "w2", "w3"]
+
+
+def fake_bucket_export(out, checkpoint, training_length=10, factors=(2.0, 3.0), with_vocabulary=True):
+    """The records of ``fairseq-rope-export --length-buckets`` of ``checkpoint`` (the manifest, each
+    bucket's export_info.json and vocabulary) around a stand-in model.bin: what the checks read."""
+    info = dict(checkpoint=str(checkpoint.resolve()), size=checkpoint.stat().st_size,
+                sha256=hashlib.sha256(checkpoint.read_bytes()).hexdigest(), data_bin="/data-bin", quantization="none",
+                arch="transformer_rope_tiny", overrides={}, max_source_positions=64, max_target_positions=64)
+    buckets = []
+    for factor in (1.0, *factors):
+        name = "plain" if factor == 1.0 else f"yarn_x{factor:g}"
+        (out / name).mkdir(parents=True)
+        (out / name / "model.bin").write_bytes(b"not a model")
+        (out / name / "config.json").write_text("{}")
+        (out / name / "shared_vocabulary.json").write_text(json.dumps(VOCABULARY))
+        recorded = {"vocabulary": vocabulary_digests(out / name)} if with_vocabulary else {}
+        (out / name / EXPORT_INFO).write_text(json.dumps(dict(info, overrides=bucket_overrides(factor, training_length),
+                                                              **recorded)))
+        buckets.append({"factor": factor, "directory": name})
+    recorded = {"vocabulary": vocabulary_digests(out / "plain")} if with_vocabulary else {}
+    (out / LENGTH_BUCKETS).write_text(json.dumps(dict(info, training_length=training_length, scaling="yarn",
+                                                      buckets=buckets, **recorded)))
+    return out
+
+
+def _edit_json(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _swapped(out, tmp_path):
+    (out / "plain").rename(tmp_path / "aside")
+    (out / "yarn_x2").rename(out / "plain")
+    (tmp_path / "aside").rename(out / "yarn_x2")
+
+
+def _factor_edited(out, tmp_path):
+    _edit_json(out / LENGTH_BUCKETS, lambda m: m["buckets"][1].update(factor=2.5))
+
+
+def _length_edited(out, tmp_path):
+    _edit_json(out / LENGTH_BUCKETS, lambda m: m.update(training_length=20))
+
+
+def _from_another_checkpoint(out, tmp_path):
+    other = tmp_path / "other.pt"
+    other.write_bytes(b"another checkpoint")
+    fake_bucket_export(tmp_path / "other", other)
+    shutil.rmtree(out / "yarn_x2")
+    shutil.copytree(tmp_path / "other" / "yarn_x2", out / "yarn_x2")
+
+
+def _vocabulary_replaced(out, tmp_path):
+    vocabulary = VOCABULARY[:4] + VOCABULARY[4:][::-1]  # the same tokens, other ids
+    (out / "yarn_x3" / "shared_vocabulary.json").write_text(json.dumps(vocabulary))
+
+
+SPOILED = {  # how a bucket export goes wrong -> the start of the refusal (after "--model-dir DIR: ")
+    "swapped directories": (_swapped, "the bucket plain holds yarn x2 at L = 10, the manifest lists plain RoPE at L = 10"),
+    "factor edited": (_factor_edited, "the bucket yarn_x2 holds yarn x2 at L = 10, the manifest lists yarn x2.5"),
+    "L edited": (_length_edited, "the bucket plain holds plain RoPE at L = 10, the manifest lists plain RoPE at L = 20"),
+    "another checkpoint's bucket": (_from_another_checkpoint, "the bucket yarn_x2 is an export of another checkpoint"),
+    "a later bucket's vocabulary": (_vocabulary_replaced,
+                                    "the bucket yarn_x3's vocabulary files are not those it was exported with"),
+}
+
+
+@pytest.fixture
+def bucket_export(tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"the checkpoint's bytes")
+    return fake_bucket_export(tmp_path / "buckets", checkpoint), checkpoint
+
+
+def test_a_bucket_export_as_written_is_verified_and_current(bucket_export):
+    out, checkpoint = bucket_export
+    assert [b["factor"] for b in verified_bucket_manifest(out)["buckets"]] == [1.0, 2.0, 3.0]
+    assert exporter.is_current(str(out), str(checkpoint), length_buckets=(2.0, 3.0))
+
+
+@pytest.mark.parametrize("spoil, problem", SPOILED.values(), ids=SPOILED.keys())
+def test_export_if_changed_does_not_keep_a_spoiled_bucket(bucket_export, tmp_path, spoil, problem):
+    """Case 3: --if-changed re-exports unless every bucket is the model the manifest lists."""
+    out, checkpoint = bucket_export
+    spoil(out, tmp_path)
+    with pytest.raises(ValueError, match="^" + problem):
+        verified_bucket_manifest(out)
+    assert not exporter.is_current(str(out), str(checkpoint), length_buckets=(2.0, 3.0))
+
+
+@pytest.mark.parametrize("spoil, problem", SPOILED.values(), ids=SPOILED.keys())
+def test_translate_refuses_a_spoiled_bucket_by_name_before_loading_a_model(bucket_export, tmp_path, capsys,
+                                                                           monkeypatch, spoil, problem):
+    """Case 2: fairseq-rope-translate checks each bucket's own records against the manifest."""
+    out, _ = bucket_export
+    spoil(out, tmp_path)
+    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    (tmp_path / "in.txt").write_text("w1 w2\n")
+    status, lines = translate_in_process(capsys, tmp_path / "in.txt", "--model-dir", out, "--input-format", "bpe",
+                                    "--output-format", "bpe", "-o", tmp_path / "out.txt")
+    assert status == 2 and len(lines) == 1, lines
+    assert f"error: --model-dir {out}: {problem}" in lines[0], lines
+    assert lines[0].endswith("export it again with fairseq-rope-export --length-buckets")
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_translate_checks_every_buckets_vocabulary_against_the_data_bin(tmp_path, capsys, monkeypatch):
+    """Case 2: an export that records no vocabularies (older versions) is still checked bucket by
+    bucket against the dictionaries, not by its first bucket only."""
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"the checkpoint's bytes")
+    out = fake_bucket_export(tmp_path / "buckets", checkpoint, with_vocabulary=False)
+    _vocabulary_replaced(out, tmp_path)
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    for lang in ("en", "de"):
+        (data_bin / f"dict.{lang}.txt").write_text("".join(f"{token} 1\n" for token in VOCABULARY[4:]))
+    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    (tmp_path / "in.txt").write_text("w1 w2\n")
+    status, lines = translate_in_process(capsys, tmp_path / "in.txt", "--model-dir", out, "--data-bin", data_bin,
+                                    "--src", "en", "--tgt", "de", "--input-format", "bpe", "--output-format", "bpe",
+                                    "-o", tmp_path / "out.txt")
+    assert status == 2 and len(lines) == 1, lines
+    assert (f"--model-dir {out} was not exported with the dictionary of {data_bin}: token 4 of "
+            f"{out / 'yarn_x3' / 'shared_vocabulary.json'} is 'w3'") in lines[0]
+
+
+def test_a_negative_training_length_is_refused_as_such(tmp_path, capsys):
+    """Not "the checkpoint does not record L": refused before the checkpoint is read."""
+    (tmp_path / "checkpoint.pt").write_bytes(b"not read")
+    (tmp_path / "data-bin").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        exporter.main(["--checkpoint", str(tmp_path / "checkpoint.pt"), "--data-bin", str(tmp_path / "data-bin"),
+                       "--output-dir", str(tmp_path / "out"), "--length-buckets", "--rope-scaling-original-length",
+                       "-3"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert "error: --rope-scaling-original-length -3 is not a valid length: give L" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "data-bin"]
 
 
 # --- the engine, end to end ---------------------------------------------------------------------
@@ -179,6 +334,8 @@ def test_translate_routes_each_sentence_to_its_bucket_and_short_ones_to_the_plai
     (["--length-buckets", "2", "2"], "--length-buckets: a factor is given twice"),
     (["--length-buckets", "--rope-scaling", "linear", "--rope-scaling-factor", "2"],
      "--length-buckets exports plain RoPE and static yarn per bucket"),
+    (["--length-buckets", "--rope-scaling-original-length", "-3"],
+     "--rope-scaling-original-length -3 is not a valid length"),
 ])
 def test_bad_buckets_are_refused_in_one_line_and_write_nothing(trained, tmp_path, flags, named):
     data_bin, checkpoint = trained

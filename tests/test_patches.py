@@ -16,7 +16,7 @@ FAIRSEQ_PATCHES = [patch for patch in PATCHES if patch.fairseq]
 
 
 def test_the_table_holds_every_patch():
-    assert len(PATCHES) == 9 and len({patch.name for patch in PATCHES}) == 9
+    assert len(PATCHES) == 10 and len({patch.name for patch in PATCHES}) == 10
     assert all(patch.why for patch in PATCHES)
 
 
@@ -46,8 +46,8 @@ import sys, fairseq
 fairseq.__version__ = "0.13.0"
 from fairseq import checkpoint_utils, trainer
 from fairseq.data import data_utils
-targets = [(checkpoint_utils, a) for a in ("torch_persistent_save", "PathManager", "load_checkpoint",
-                                           "load_checkpoint_to_cpu")]
+targets = [(checkpoint_utils, a) for a in ("torch_persistent_save", "PathManager", "verify_checkpoint_directory",
+                                           "load_checkpoint", "load_checkpoint_to_cpu")]
 targets += [(trainer.Trainer, "state_dict"), (trainer.Trainer, "load_checkpoint"), (data_utils, "batch_by_size")]
 before = [getattr(owner, name) for owner, name in targets]
 import fairseq_rope

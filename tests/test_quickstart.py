@@ -52,7 +52,7 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert not (REPO / "x").exists() and not list(tmp_path.rglob("x"))
 
 
-def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
+def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path, capsys):
     from fairseq_rope_tools.research import plot_losses
 
     log = tmp_path / "train.log"
@@ -77,3 +77,8 @@ def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path):
     empty.write_text("nothing here\n")
     with pytest.raises(SystemExit):
         plot_losses.main([str(empty), "--output", str(tmp_path / "x.png")])
+    # the plot never goes over a log it reads
+    with pytest.raises(SystemExit) as stop:
+        plot_losses.main([str(log), "--output", str(log)])
+    assert stop.value.code == 2 and "would overwrite its own input" in capsys.readouterr().err
+    assert log.read_bytes()[:4] != b"\x89PNG"

@@ -106,13 +106,14 @@ def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeyp
     or expresses the kind as its spec says, the harness decodes with it."""
     import dataclasses
 
+    from fairseq_rope_tools.cli import UserError
     from fairseq_rope_tools.deploy import export_ctranslate2
     from fairseq_rope_tools.research import compare_position_encodings as harness
 
     _, args = parse("--rope-scaling", toy.name, "--rope-scaling-factor", "4", "--rope-scaling-original-length", "16")
     assert export_ctranslate2._rotary_scaling(args) == {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 2.0}
     monkeypatch.setitem(rope_scaling.ROPE_SCALINGS, toy.name, dataclasses.replace(toy, ctranslate2=None))
-    with pytest.raises(export_ctranslate2.ExportRefused, match="^--rope-scaling toy-halved: CTranslate2's rotary "
+    with pytest.raises(UserError, match="^--rope-scaling toy-halved: CTranslate2's rotary "
                                                                "scalings do not include it"):
         export_ctranslate2.check_exportable(args)
 

@@ -2,6 +2,8 @@
 
 import json
 import math
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,6 @@ import pytest
 from fairseq_rope_tools.checkpoints import score_bleu
 
 REPO = Path(__file__).resolve().parents[1]
-
-
 
 
 def _write(path, lines):
@@ -118,12 +118,64 @@ def test_cli_tokenize_option(tmp_path):
     assert result["tokenized_bleu_compound_split"]["sys_len"] == 10
 
 
-def test_cli_refuses_files_of_different_length(tmp_path):
+def stopped(argv, capsys, status):
+    """The one line ``fairseq-rope-score argv`` stops with (its exit status checked), and what it printed."""
+    with pytest.raises(SystemExit) as e:
+        score_bleu.main(argv)
+    assert e.value.code == status
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and ": error: " in captured.err, captured.err
+    return captured.err.split(": error: ", 1)[1].rstrip("\n"), captured.out
+
+
+def test_cli_refuses_files_of_different_length(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp", ["a b", "c d"])
     ref = _write(tmp_path / "ref", ["a b"])
-    with pytest.raises(SystemExit) as e:
-        score_bleu.run(["--hyp", str(hyp), "--ref", str(ref)])
-    assert "2 lines" in str(e.value) and "ref" in str(e.value)
+    message, _ = stopped(["--hyp", str(hyp), "--ref", str(ref)], capsys, status=1)
+    assert message == f"{hyp} has 2 lines but {ref} has 1; they must be parallel"
+
+
+@pytest.mark.parametrize("flag", ["--out-json", "--detok-out"])
+def test_an_output_that_cannot_be_written_is_refused_before_scoring(tmp_path, capsys, flag):
+    hyp = _write(tmp_path / "hyp", ["a b c"])
+    raw = _write(tmp_path / "raw", ["a b c"])
+    args = ["--hyp", str(hyp), "--ref", str(hyp), "--raw-ref", str(raw)]
+    missing = tmp_path / "no-such-dir" / "out"
+    message, printed = stopped([*args, flag, str(missing)], capsys, status=2)
+    assert message == (f"{flag} {missing}: directory {missing.parent} does not exist: create it, or give a file in an "
+                       "existing one")
+    assert printed == ""  # nothing scored
+    message, _ = stopped([*args, flag, str(tmp_path)], capsys, status=2)
+    assert message == f"{flag} {tmp_path} is a directory: give a file"
+
+
+@pytest.mark.parametrize("flag, over", [("--out-json", "--hyp"), ("--detok-out", "--raw-ref"), ("--out-json", "--ref")])
+def test_an_output_over_an_input_is_refused(tmp_path, capsys, flag, over):
+    inputs = {"--hyp": _write(tmp_path / "hyp", ["a b c"]), "--ref": _write(tmp_path / "ref", ["a b c"]),
+              "--raw-ref": _write(tmp_path / "raw", ["a b c"])}
+    link = tmp_path / "link"
+    link.symlink_to(inputs[over])  # the same file under another name
+    before = {path: path.read_bytes() for path in inputs.values()}
+    argv = [arg for name, path in inputs.items() for arg in (name, str(path))]
+    message, _ = stopped([*argv, flag, str(link)], capsys, status=2)
+    assert message == f"{flag} {link} is {over} {inputs[over]}: the output would overwrite its own input; give another output"
+    assert {path: path.read_bytes() for path in inputs.values()} == before
+
+
+def test_the_scores_and_the_hypotheses_are_two_files(tmp_path, capsys):
+    hyp = _write(tmp_path / "hyp", ["a b c"])
+    raw = _write(tmp_path / "raw", ["a b c"])
+    out = tmp_path / "out"
+    message, _ = stopped(["--hyp", str(hyp), "--ref", str(hyp), "--raw-ref", str(raw), "--out-json", str(out),
+                          "--detok-out", str(out)], capsys, status=2)
+    assert message.startswith(f"--out-json {out} and --detok-out {out} are the same file")
+
+
+def test_detok_out_is_written_without_a_raw_reference(tmp_path):
+    """Detokenizing needs no reference: --detok-out without --raw-ref is not ignored."""
+    hyp = _write(tmp_path / "hyp", ["Das ist ein gut @-@ bekannter Test , oder ?"])
+    score_bleu.main(["--hyp", str(hyp), "--ref", str(hyp), "--detok-out", str(tmp_path / "detok")])
+    assert (tmp_path / "detok").read_text(encoding="utf-8") == "Das ist ein gut-bekannter Test, oder?\n"
 
 
 def _run(*args):
@@ -136,7 +188,7 @@ def _one_line_error(proc, *needles):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("fairseq-rope-score: error: "), proc.stderr
     for needle in needles:
         assert str(needle) in lines[0], (needle, lines[0])
 
@@ -153,3 +205,22 @@ def test_cli_bad_files_are_one_clear_line(tmp_path):
     latin1 = tmp_path / "ref.latin1"
     latin1.write_bytes(b"a b c\nd \xe9 f\n")
     _one_line_error(_run("--hyp", hyp, "--ref", latin1), f"{latin1}: line 2", "UTF-8")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_goes_away_ends_the_scorer_quietly(tmp_path, unbuffered):
+    """``fairseq-rope-score ... | head -1``, the reader gone before the scores are printed: the
+    command ends with the status of a killed pipe writer and nothing on stderr, its files written;
+    whether Python writes each line at once (PYTHONUNBUFFERED) or at the end."""
+    from conftest import cli_command
+
+    hyp = _write(tmp_path / "hyp", ["a b c d e", "f g h i j"])
+    raw = _write(tmp_path / "raw", ["a b c d e", "f g h i j"])
+    cmd, env = cli_command(["fairseq-rope-score", "--hyp", hyp, "--ref", hyp, "--raw-ref", raw,
+                            "--out-json", tmp_path / "scores.json"], {"PYTHONUNBUFFERED": unbuffered})
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the scorer has imported sacreBLEU and scored
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert proc.stderr.read() == ""
+    assert json.loads((tmp_path / "scores.json").read_text())["sacrebleu"]["score"] == 100.0

@@ -1,7 +1,10 @@
 """fairseq-train with the plugin: one training per --save-dir (a lock, taken over after a crash),
-a resume that keeps the trained model's options, a resume from a checkpoint without recorded
-lengths that says so; and averaging a checkpoint deleted under it."""
+a save dir it cannot write named in one line, a resume that keeps the trained model's options and
+says which values to resume with, a resume from a checkpoint without recorded lengths that says
+so, the dictionaries every checkpoint records; and averaging a checkpoint deleted under it."""
 
+import argparse
+import builtins
 import errno
 import logging
 import multiprocessing
@@ -10,20 +13,22 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import run_cli
-from test_average_checkpoints import make_checkpoint, random_params
+from test_average_checkpoints import make_checkpoint, random_params, stopped
 from test_checkpoints import train_args, updates_in
 
 from fairseq_rope import checkpoints, save_dir_lock
-from fairseq_rope.checkpoints import TRAINING_CHECKPOINT
-from fairseq_rope.config_values import OptionError
+from fairseq_rope.checkpoints import DICTIONARIES, TRAINING_CHECKPOINT, dictionary_fingerprint
+from fairseq_rope.config_values import OneLineError, OptionError
 from fairseq_rope.model_options import check_resumed_model, model_config
-from fairseq_rope.save_dir_lock import SaveDirInUse, lock_file, lock_save_dir
+from fairseq_rope.save_dir_lock import lock_file, lock_save_dir
+from fairseq_rope.training_lengths import covering_length
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 
 
@@ -119,7 +124,7 @@ def test_without_file_system_locks_the_recorded_pid_decides(tmp_path, monkeypatc
         pid = sleeper.pid if holder_runs else dead_pid()
         (tmp_path / ".fairseq-train.lock").write_text(f"{pid} {socket.gethostname()}\n")
         if holder_runs:
-            with pytest.raises(SaveDirInUse, match=f"in use by another training: PID {pid} on "):
+            with pytest.raises(OneLineError, match=f"in use by another training: PID {pid} on "):
                 lock_save_dir(tmp_path)
         else:
             lock_save_dir(tmp_path)
@@ -127,6 +132,71 @@ def test_without_file_system_locks_the_recorded_pid_decides(tmp_path, monkeypatc
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path):
+    os.mkdir(lock_file(tmp_path))
+    with pytest.raises(OneLineError) as e:
+        lock_save_dir(tmp_path)
+    assert str(e.value) == (f"{lock_file(tmp_path)} is a directory, where fairseq-train keeps the lock file of "
+                            f"--save-dir {tmp_path}: remove or rename it")
+
+
+def deny_writes_under(directory, monkeypatch):
+    """Files under ``directory`` cannot be created or written, as in a read-only save dir (the
+    tests run as root too, whom a file mode does not stop)."""
+    real_open, real_os_open = builtins.open, os.open
+
+    def under(path):
+        return isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(f"{directory}{os.sep}")
+
+    def denied(path):
+        return PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def open_(file, mode="r", *args, **kwargs):
+        if under(file) and set(mode) & set("wax+"):
+            raise denied(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def os_open(path, flags, *args, **kwargs):
+        if under(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise denied(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
+
+
+def test_a_save_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """fairseq-train checks its save dir (fairseq's verify_checkpoint_directory, which the plugin
+    replaces) before it locks it; both say what is wrong in one line."""
+    from fairseq import checkpoint_utils
+
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    deny_writes_under(save_dir, monkeypatch)
+    message = f"--save-dir {save_dir} cannot be written (Permission denied): give a directory you can write to"
+    with pytest.raises(OneLineError) as e:
+        checkpoint_utils.verify_checkpoint_directory(str(save_dir))
+    assert str(e.value) == message
+    with pytest.raises(OneLineError) as e:
+        lock_save_dir(save_dir)
+    assert str(e.value) == message
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("a file\n")
+    with pytest.raises(OneLineError, match=re.escape(f"--save-dir {a_file} is a file, not a directory")):
+        checkpoint_utils.verify_checkpoint_directory(str(a_file))
+
+
+def test_the_save_dir_check_leaves_a_file_named_dummy_alone(tmp_path):
+    """fairseq's own check opens SAVE_DIR/dummy for writing and deletes it."""
+    from fairseq import checkpoint_utils
+
+    (tmp_path / "dummy").write_text("the user's notes\n")
+    checkpoint_utils.verify_checkpoint_directory(str(tmp_path / "new" / "ckpt"))
+    checkpoint_utils.verify_checkpoint_directory(str(tmp_path))
+    assert (tmp_path / "dummy").read_text() == "the user's notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dummy", "new"]
 
 
 def fake_trainer(save_dir, rank_saves=True, finetune_from_model=None, model_cfg=None, model=None):
@@ -156,8 +226,8 @@ def test_resume_with_another_rope_theta_is_refused_in_one_line(resumable):
     checkpoint = save_dir / "checkpoint_last.pt"
     assert last_line(proc) == (
         f"fairseq-train: error: cannot resume {checkpoint} as another model: --rope-theta 500.0 (the checkpoint "
-        "has 10000.0). These options define the trained model: drop them to resume with the checkpoint's "
-        "values, or train the changed model in a new --save-dir")
+        "has 10000.0). These options define the trained model: resume with the checkpoint's values "
+        "(--rope-theta 10000.0), or train the changed model in a new --save-dir")
     assert snapshot(save_dir) == before  # its lock file removed too
 
 
@@ -215,6 +285,83 @@ def test_fine_tuning_from_a_model_may_change_its_options_and_says_which(trained_
         load(fake_trainer(None, model_cfg=changed), pretrained)
 
 
+def test_a_resume_without_the_options_a_fine_tuning_gave_names_the_values_to_add():
+    """A fine-tuning (--finetune-from-model ... --rope-theta 500 --rope-values) wrote its
+    checkpoint_last.pt; a resume whose command line lacks those options gets the defaults, so
+    "drop them" would be wrong: the message names the values to give."""
+    fine_tuned = command_line_model("--rope-theta", "500", "--rope-values")
+    with pytest.raises(OptionError) as e:
+        check_resumed_model(command_line_model(), fine_tuned, "ckpt.pt")
+    assert str(e.value) == (
+        "cannot resume ckpt.pt as another model: --rope-theta 10000.0 (the checkpoint has 500.0); --rope-values "
+        "False (the checkpoint has True). These options define the trained model: resume with the checkpoint's "
+        "values (--rope-theta 500.0, --rope-values), or train the changed model in a new --save-dir")
+
+
+def _checkpoint_recording_lengths(path, counts):
+    """A checkpoint whose saved model configuration records training lengths, as training writes them."""
+    model_cfg = argparse.Namespace(arch="transformer_rope_tiny", rope_trained_length=len(counts) - 1,
+                                   rope_trained_length_counts=counts)
+    torch.save({"model": {}, "cfg": {"model": model_cfg}}, path)
+    return path
+
+
+def test_a_resume_with_yarn_names_the_L_its_checkpoint_records(tmp_path, monkeypatch):
+    """fairseq-train builds the model from the command line before it loads the checkpoint it
+    resumes: the check of --rope-scaling yarn cannot take L from it, and says so with its value.
+    Only fairseq-train: fairseq-generate builds from a checkpoint's configuration, which names its
+    training's --save-dir too, whatever checkpoint it holds now."""
+    counts = [0, 0, 3, 40, 150, 1]  # L = 4: 99 % of them have at most 4 tokens; the longest has 5
+    last = _checkpoint_recording_lengths(tmp_path / "checkpoint_last.pt", counts)
+    scaling = ["--rope-scaling", "yarn", "--rope-scaling-factor", "2"]
+    with pytest.raises(OptionError, match="which the checkpoint does not record"):  # as fairseq-generate
+        command_line_model("--save-dir", str(tmp_path), *scaling)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/fairseq-train"])
+    with pytest.raises(OptionError) as e:
+        command_line_model("--save-dir", str(tmp_path), *scaling)
+    length = covering_length(counts)
+    assert length == 4 and str(e.value) == (
+        f"--rope-scaling yarn needs the training length L when the model is built, and fairseq-train builds it "
+        f"from the command line before it loads {last}: pass --rope-scaling-original-length 4, the L that {last} "
+        "records")
+    command_line_model("--save-dir", str(tmp_path), *scaling, "--rope-scaling-original-length", str(length))
+    # a fine-tuning's first run: the model it starts from
+    pretrained = _checkpoint_recording_lengths(tmp_path / "pretrained.pt", counts)
+    with pytest.raises(OptionError, match=re.escape(f"before it loads {pretrained}: pass --rope-scaling-original")):
+        command_line_model("--save-dir", str(tmp_path / "new"), "--finetune-from-model", str(pretrained), *scaling)
+    # nothing to resume: the check's own message
+    with pytest.raises(OptionError, match="which the checkpoint does not record"):
+        command_line_model("--save-dir", str(tmp_path / "new"), *scaling)
+
+
+# --- the dictionaries every checkpoint records ---------------------------------------------------
+
+def test_a_checkpoint_records_the_fingerprints_of_its_dictionaries():
+    from fairseq.data import Dictionary
+
+    source, target = Dictionary(), Dictionary()
+    for word in ("Haus", "Katze"):
+        source.add_symbol(word)
+    for word in ("Katze", "Haus"):
+        target.add_symbol(word)
+    state_dict = checkpoints._records_dictionaries(lambda trainer: {"model": {}})
+    task = SimpleNamespace(source_dictionary=source, target_dictionary=target)
+    assert state_dict(SimpleNamespace(task=task))[DICTIONARIES] == {
+        "source": dictionary_fingerprint(source), "target": dictionary_fingerprint(target)}
+    assert dictionary_fingerprint(source) != dictionary_fingerprint(target)  # the order counts
+    assert DICTIONARIES not in state_dict(SimpleNamespace(task=SimpleNamespace()))  # a task without dictionaries
+
+
+@pytest.mark.e2e
+def test_fairseq_train_records_the_dictionaries_of_its_data_bin(trained_2):
+    from fairseq.data import Dictionary
+
+    data_bin, save_dir = trained_2
+    recorded = torch.load(save_dir / "checkpoint_last.pt")[DICTIONARIES]
+    assert recorded == {"source": dictionary_fingerprint(Dictionary.load(str(data_bin / "dict.en.txt"))),
+                        "target": dictionary_fingerprint(Dictionary.load(str(data_bin / "dict.de.txt")))}
+
+
 # --- training lengths -------------------------------------------------------------------------
 
 @pytest.mark.e2e
@@ -252,8 +399,8 @@ def test_averaging_a_checkpoint_deleted_after_listing_names_the_file_that_disapp
         return paths
 
     monkeypatch.setattr(avg, "last_n_checkpoints", listed_then_deleted)
-    with pytest.raises(SystemExit) as e:
-        avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "avg.pt")])
-    assert str(e.value) == (f"error: cannot load {tmp_path / 'checkpoint_1_1.pt'}: the file disappeared after it "
-                            "was listed (deleted or renamed: is a training still writing to that directory?)")
+    message = stopped(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "avg.pt")],
+                      capsys)
+    assert message == (f"cannot load {tmp_path / 'checkpoint_1_1.pt'}: the file disappeared after it "
+                       "was listed (deleted or renamed: is a training still writing to that directory?)")
     assert not (tmp_path / "avg.pt").exists()

@@ -82,6 +82,8 @@ def _translate(*args, check=True, stdin=None):
 
 
 def _ct2_dir(model):
+    """The CTranslate2 export evaluate.sh makes: a test that uses it asks for ``evaluated`` too (a
+    pytest worker may run it before the tests that do)."""
     return model[1].parent / "ct2_checkpoint_last"
 
 
@@ -134,7 +136,7 @@ def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_
 
 # --- (b) line ends and encodings --------------------------------------------------------------
 @pytest.mark.e2e
-def test_crlf_and_inline_carriage_returns(model, tmp_path):
+def test_crlf_and_inline_carriage_returns(model, evaluated, tmp_path):
     work, ct2 = model[0], _ct2_dir(model)
     messy = tmp_path / "messy.en"
     messy.write_bytes(b"The dog sees the cat.\r\nThe friend buys\rthe boat.\r\n\r\nToday the cat sleeps.")
@@ -153,7 +155,7 @@ def test_crlf_and_inline_carriage_returns(model, tmp_path):
 
 
 @pytest.mark.e2e
-def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
+def test_invalid_utf8_is_refused_by_file_and_line(model, evaluated, tmp_path):
     work, ct2 = model[0], _ct2_dir(model)
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"The dog sees the cat.\nThe caf\xe9 is open.\n")
@@ -173,7 +175,7 @@ def test_invalid_utf8_is_refused_by_file_and_line(model, tmp_path):
 
 
 @pytest.mark.e2e
-def test_setup_errors_name_the_flag_or_file(model, tmp_path):
+def test_setup_errors_name_the_flag_or_file(model, evaluated, tmp_path):
     work, checkpoint, ct2 = model[0], model[1], _ct2_dir(model)
     text = tmp_path / "in.en"
     text.write_text("The dog sees the cat.\n", encoding="utf-8")

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, translate_in_process
 
 from fairseq_rope_tools.deploy import translate as translate_py
 
@@ -51,18 +51,8 @@ def tiny(tiny_data_bin, tmp_path_factory):
     return data_bin, checkpoint, ct2, work
 
 
-def _main(capsys, *args):
-    """translate.py's main in-process: (exit status, stderr lines)."""
-    try:
-        translate_py.main([str(a) for a in args] + ["--quiet", "--threads", "1"])
-        status = 0
-    except SystemExit as e:
-        status = e.code
-    return status, capsys.readouterr().err.strip().splitlines()
-
-
 def _refused(capsys, message, *args, status=2):
-    code, lines = _main(capsys, *args)
+    code, lines = translate_in_process(capsys, *args)
     assert code == status and len(lines) == 1 and "error: " in lines[0] and message in lines[0], (code, lines)
     return lines[0]
 
@@ -98,12 +88,12 @@ def test_both_engines_refuse_a_line_beyond_the_source_positions_alike(tiny, tmp_
     refusals = {}
     for engine, model in engines.items():
         out = tmp_path / f"out.{engine}"
-        assert _main(capsys, fits, "-o", out, *_bpe_args(data_bin, *model)) == (0, [])
+        assert translate_in_process(capsys, fits, "-o", out, *_bpe_args(data_bin, *model)) == (0, [])
         assert len(out.read_text().splitlines()) == 2
         refusals[engine] = _refused(capsys, f"{too_long}: line 2 has {MAX_SOURCE} BPE tokens; the model takes at most "
                                     f"{MAX_SOURCE - 1}", too_long, *_bpe_args(data_bin, *model), status=1)
         # the flag raises the limit, for either engine (rotary positions extend)
-        assert _main(capsys, too_long, "-o", out, "--max-source-positions", MAX_SOURCE + 1,
+        assert translate_in_process(capsys, too_long, "-o", out, "--max-source-positions", MAX_SOURCE + 1,
                      *_bpe_args(data_bin, *model)) == (0, [])
     assert refusals["ctranslate2"] == refusals["fairseq"]
     assert "raise the limit with --max-source-positions" in refusals["fairseq"]
@@ -114,7 +104,7 @@ def test_an_export_without_a_recorded_limit_warns_or_takes_the_flag(tiny, tmp_pa
     data_bin, _, ct2, _ = tiny
     old = _copy_ct2(ct2, tmp_path, max_source_positions=None)
     too_long = _source(tmp_path, MAX_SOURCE)
-    code, lines = _main(capsys, too_long, "-o", tmp_path / "out.de", *_bpe_args(data_bin, "--model-dir", old))
+    code, lines = translate_in_process(capsys, too_long, "-o", tmp_path / "out.de", *_bpe_args(data_bin, "--model-dir", old))
     assert code == 0 and len(lines) == 1
     assert "records no max_source_positions" in lines[0] and "pass --max-source-positions" in lines[0]
     _refused(capsys, "the model takes at most 14", too_long, "--max-source-positions", 15,
@@ -213,6 +203,130 @@ def _unwritable_directory(tmp_path):
     pytest.skip("no directory that root cannot write into")
 
 
+# --- issue 34, case 5: no output over an input ------------------------------------------------------
+def _input_itself(tiny, tmp_path):
+    text = _source(tmp_path, 3)
+    return text, [text, "-o", text, *_bpe_args(tiny[0], "--model-dir", tiny[2])], \
+        f"--output {text} is the input file {text}"
+
+
+def _stats_over_the_input(tiny, tmp_path):
+    text = _source(tmp_path, 3)
+    return text, [text, "-o", tmp_path / "out.de", "--stats-json", text, *_bpe_args(tiny[0], "--model-dir", tiny[2])], \
+        f"--stats-json {text} is the input file {text}"
+
+
+def _over_the_model(tiny, tmp_path):
+    ct2 = _copy_ct2(tiny[2], tmp_path)
+    return ct2 / "model.bin", [_source(tmp_path, 3), "-o", ct2 / "model.bin", *_bpe_args(tiny[0], "--model-dir", ct2)], \
+        f"--output {ct2 / 'model.bin'} is --model-dir's model.bin {ct2 / 'model.bin'}"
+
+
+def _over_a_dictionary(tiny, tmp_path):
+    data_bin = tmp_path / "data-bin"
+    shutil.copytree(tiny[0], data_bin)
+    return data_bin / "dict.de.txt", [_source(tmp_path, 3), "-o", tmp_path / "out.de", "--stats-json",
+                                      data_bin / "dict.de.txt", *_bpe_args(data_bin, "--model-dir", tiny[2])], \
+        f"--stats-json {data_bin / 'dict.de.txt'} is --data-bin's dict.de.txt {data_bin / 'dict.de.txt'}"
+
+
+def _over_the_bpe_codes(tiny, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(tiny[3], work)
+    return work / "bpe" / "codes", [_source(tmp_path, 3), "--work-dir", work, "--model-dir", tiny[2], "-o",
+                                    work / "bpe" / "codes"], \
+        f"--output {work / 'bpe' / 'codes'} is --work-dir's bpe/codes {work / 'bpe' / 'codes'}"
+
+
+def _over_the_checkpoint(tiny, tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"
+    shutil.copy(tiny[1], checkpoint)
+    return checkpoint, [_source(tmp_path, 3), "-o", checkpoint,
+                        *_bpe_args(tiny[0], "--engine", "fairseq", "--checkpoint", checkpoint)], \
+        f"--output {checkpoint} is --checkpoint {checkpoint}"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", [_input_itself, _stats_over_the_input, _over_the_model, _over_a_dictionary,
+                                  _over_the_bpe_codes, _over_the_checkpoint],
+                         ids=["-o the input", "--stats-json the input", "-o the model", "--stats-json a dictionary",
+                              "-o the BPE codes", "-o the checkpoint"])
+def test_an_output_over_one_of_the_inputs_is_refused_before_decoding(tiny, tmp_path, capsys, monkeypatch, case):
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoding started")
+
+    monkeypatch.setattr(translate_py, "translate", no_decoding)
+    monkeypatch.setattr(translate_py.FairseqEngine, "__init__", no_decoding)
+    read, args, message = case(tiny, tmp_path)
+    before = read.read_bytes()
+    _refused(capsys, message + ": the output would overwrite its own input; give another output", *args)
+    assert read.read_bytes() == before
+
+
+# --- issue 34, case 7: standard output closed --------------------------------------------------------
+def test_a_closed_stdout_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
+    (tmp_path / "ct2").mkdir()
+    text = _source(tmp_path, 3)
+    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(sys, "stdout", None)  # what Python makes of a closed stdout (>&-)
+    _refused(capsys, "error: standard output is closed: give --output FILE", text, "--model-dir", tmp_path / "ct2",
+             "--input-format", "bpe", "--output-format", "bpe")
+
+
+@pytest.mark.e2e
+def test_translate_with_stdout_closed_is_one_line(tiny, tmp_path):
+    data_bin, _, ct2, _ = tiny
+    proc = run_cli(["bash", "-c", 'exec "$@" >&-', "bash", "fairseq-rope-translate", _source(tmp_path, 3),
+                    "--threads", "1", *_bpe_args(data_bin, "--model-dir", ct2)], check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "fairseq-rope-translate: error: standard output is closed: give --output FILE, or run the command with "
+        "stdout open"], proc.stderr
+
+
+# --- issue 34, case 2: a length-bucket export is verified, not trusted -------------------------------
+@pytest.fixture(scope="module")
+def tiny_buckets(tiny, tmp_path_factory):
+    """The tiny model exported with --length-buckets 2: plain/ and yarn_x2/."""
+    data_bin, checkpoint, _, _ = tiny
+    out = tmp_path_factory.mktemp("tiny_buckets") / "buckets"
+    exporter.export(str(checkpoint), str(data_bin), str(out), length_buckets=(2.0,))
+    return out
+
+
+def _swap_buckets(buckets, tmp_path):
+    (buckets / "plain").rename(tmp_path / "aside")
+    (buckets / "yarn_x2").rename(buckets / "plain")
+    (tmp_path / "aside").rename(buckets / "yarn_x2")
+
+
+def _permute_a_later_buckets_vocabulary(buckets, tmp_path):
+    path = buckets / "yarn_x2" / "shared_vocabulary.json"
+    vocabulary = json.loads(path.read_text())
+    vocabulary[5], vocabulary[6] = vocabulary[6], vocabulary[5]
+    path.write_text(json.dumps(vocabulary))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("spoil, problem", [
+    (None, None),
+    (_swap_buckets, "the bucket plain holds yarn x2 at L = "),
+    (_permute_a_later_buckets_vocabulary, "the bucket yarn_x2's vocabulary files are not those it was exported with"),
+], ids=["as exported", "swapped directories", "a later bucket's vocabulary"])
+def test_translate_verifies_every_bucket_of_a_length_bucket_export(tiny, tiny_buckets, tmp_path, capsys, spoil,
+                                                                   problem):
+    data_bin = tiny[0]
+    buckets = tmp_path / "buckets"
+    shutil.copytree(tiny_buckets, buckets)
+    args = [_source(tmp_path, 3), "-o", tmp_path / "out.de", *_bpe_args(data_bin, "--model-dir", buckets)]
+    if spoil is None:
+        assert translate_in_process(capsys, *args) == (0, [])
+        assert len((tmp_path / "out.de").read_text().splitlines()) == 2
+        return
+    spoil(buckets, tmp_path)
+    _refused(capsys, f"--model-dir {buckets}: {problem}", *args)
+    assert not (tmp_path / "out.de").exists()
+
+
 # --- case 11 ---------------------------------------------------------------------------------------
 @pytest.mark.e2e
 def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
@@ -221,7 +335,7 @@ def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
     (tmp_path / "real" / "out.de").write_text("old\n")
     link = tmp_path / "out.de"
     link.symlink_to(tmp_path / "real" / "out.de")
-    assert _main(capsys, _source(tmp_path, 3), "-o", link, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
+    assert translate_in_process(capsys, _source(tmp_path, 3), "-o", link, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
     assert link.is_symlink() and len((tmp_path / "real" / "out.de").read_text().splitlines()) == 2
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["out.de"]  # no temporary file left
 
@@ -249,14 +363,14 @@ def test_a_path_that_starts_with_a_dash(tiny, tmp_path, capsys, monkeypatch):
     data_bin, _, ct2, _ = tiny
     monkeypatch.chdir(tmp_path)
     text = _source(tmp_path, 3)
-    code, lines = _main(capsys, text, "-o", "-weird.de", *_bpe_args(data_bin, "--model-dir", ct2))
+    code, lines = translate_in_process(capsys, text, "-o", "-weird.de", *_bpe_args(data_bin, "--model-dir", ct2))
     assert code == 2 and lines[-1].endswith("argument -o/--output: expected one argument (a value that starts with "
                                             "'-' is read as an option: write it as --flag=VALUE, or a path such "
                                             "as -x as ./-x)")
-    code, lines = _main(capsys, "-weird.en", *_bpe_args(data_bin, "--model-dir", ct2))
+    code, lines = translate_in_process(capsys, "-weird.en", *_bpe_args(data_bin, "--model-dir", ct2))
     assert code == 2 and "given as ./NAME" in lines[-1]
     for spelling in ("--output=-weird.de", "-o=-weird2.de"):
-        assert _main(capsys, text, spelling, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
+        assert translate_in_process(capsys, text, spelling, *_bpe_args(data_bin, "--model-dir", ct2))[0] == 0
     assert (tmp_path / "-weird.de").is_file() and (tmp_path / "-weird2.de").is_file()
 
 

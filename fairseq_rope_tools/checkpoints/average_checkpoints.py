@@ -13,14 +13,19 @@ Same command line as fairseq's ``fairseq-rope-average``::
     fairseq-rope-average --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are loaded with torch's safe default (``weights_only=True``; importing
-``fairseq_rope`` allow-lists the few types fairseq checkpoints hold). All inputs must be the same
-model: the same parameter names and shapes, and the same value of every option that changes
-what the weights compute (architecture, dimensions, every ``rope_*`` / ``rpe_*`` option,
-attention kind); otherwise the script stops and names the option and both files. Floating-point
-parameters are averaged in float64 and stored in their original dtype. The output keeps the first
+``fairseq_rope`` allow-lists the few types fairseq checkpoints hold), those in torch's legacy
+format (before torch 1.6) too. All inputs must be the same model: the same parameter names and
+shapes, the same value of every option that changes what the weights compute (architecture,
+dimensions, every ``rope_*`` / ``rpe_*`` option, attention kind), and the same source and target
+dictionaries where the checkpoints record them (the plugin records a fingerprint of each in every
+checkpoint it writes: dictionaries of one size in other orders give parameters of the same shapes
+that mean other tokens); otherwise the script stops and names what differs and both files.
+Floating-point parameters are averaged in float64 and stored in their original dtype. The output keeps the first
 checkpoint's configuration, with the training lengths of all inputs merged (the longest, and per
 length the largest count: see ``fairseq_rope/training_lengths.py``), and training state (its
-optimizer state is dropped unless ``--keep-optimizer-state``) and is written atomically: to a hidden
+optimizer state is dropped unless ``--keep-optimizer-state``), and the inputs' dictionary
+fingerprints. An ``--output`` that is a directory or one of the inputs (symlinks followed) is
+refused before any checkpoint is read. The output is written atomically: to a hidden
 temporary file in the output directory, fsynced and renamed when complete. The temporary file is
 removed on any error and on SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is
 removed by the next write of the same output.
@@ -34,15 +39,16 @@ import sys
 
 import torch
 
-from fairseq_rope.checkpoints import is_readable_checkpoint, save_checkpoint_atomically
+from fairseq_rope.checkpoints import (
+    DICTIONARIES,
+    is_legacy_checkpoint,
+    is_readable_checkpoint,
+    save_checkpoint_atomically,
+)
 from fairseq_rope.model_options import computation_options, model_config
 from fairseq_rope.training_lengths import TrainingLengths
-from fairseq_rope_tools.cli import sigterm_unwinds
-
-
-class CheckpointMismatch(ValueError):
-    pass
-
+from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.files import output_dir_problem, outputs_over_inputs_problem
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
@@ -61,11 +67,10 @@ def last_n_checkpoints(directory, n, update_based, upper_bound=None):
                 found.append((number, os.path.join(directory, name)))
     kind = "update" if update_based else "epoch"
     if len(found) < n:
-        raise FileNotFoundError(
+        raise UserError(
             f"found {len(found)} {kind} checkpoints in {directory}"
             + (f" up to {upper_bound}" if upper_bound is not None else "")
-            + f", need {n}: {sorted(p for _, p in found) or 'none'}"
-        )
+            + f", need {n}: {sorted(p for _, p in found) or 'none'}", status=1)
     return [p for _, p in sorted(found, reverse=True)[:n]]
 
 
@@ -73,21 +78,27 @@ def load_checkpoint(path):
     try:  # opened once: the file checked is the file loaded, even if the path is replaced meanwhile
         f = open(path, "rb")
     except FileNotFoundError:
-        raise CheckpointMismatch(f"cannot load {path}: the file disappeared after it was listed (deleted or "
-                                 "renamed: is a training still writing to that directory?)") from None
+        raise UserError(f"cannot load {path}: the file disappeared after it was listed (deleted or "
+                        "renamed: is a training still writing to that directory?)", status=1) from None
     except OSError as e:
-        raise CheckpointMismatch(f"cannot load {path}: {e.strerror}") from e
+        raise UserError(f"cannot load {path}: {e.strerror}", status=1) from e
     with f:
-        if not is_readable_checkpoint(f):
-            raise CheckpointMismatch(
-                f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)")
+        legacy = is_legacy_checkpoint(f)
+        if not (legacy or is_readable_checkpoint(f)):
+            raise UserError(
+                f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)", status=1)
         try:
             f.seek(0)
             state = torch.load(f, map_location="cpu")
         except Exception as e:  # noqa: BLE001 - report which file and why
-            raise CheckpointMismatch(f"cannot load {path}: {type(e).__name__}: {e}") from e
+            if legacy:  # its first bytes are right, its end is not: the legacy format has no directory to check
+                raise UserError(f"cannot load {path}: a checkpoint in torch's legacy format (saved before torch "
+                                "1.6) that does not load: truncated? Copy it again from where it was saved",
+                                status=1) from e
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise UserError(f"cannot load {path}: {type(e).__name__}: {detail}", status=1) from e
     if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointMismatch(f"{path} is not a fairseq checkpoint (no 'model' entry)")
+        raise UserError(f"{path} is not a fairseq checkpoint (no 'model' entry)", status=1)
     return state
 
 
@@ -98,10 +109,12 @@ def average_checkpoints(paths):
     first_path, first = paths[0], None
     sums, dtypes, options = collections.OrderedDict(), {}, None
     model_configs = []
+    dictionaries = None  # (path, record): the first input that records its dictionaries
     for path in paths:
         state = load_checkpoint(path)
         params = state["model"]
         model_configs.append(model_config(state))
+        dictionaries = check_same_dictionaries(dictionaries, path, state.get(DICTIONARIES))
         if first is None:
             first, options = state, computation_options(model_config(state))
             for k, v in params.items():
@@ -112,17 +125,15 @@ def average_checkpoints(paths):
         missing = [k for k in sums if k not in params]
         extra = [k for k in params if k not in sums]
         if missing or extra:
-            raise CheckpointMismatch(
+            raise UserError(
                 f"{path} has different parameter names than {first_path}: "
                 f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}"
-            )
+                f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}", status=1)
         for k, v in params.items():
             if tuple(v.shape) != tuple(sums[k].shape):
-                raise CheckpointMismatch(
+                raise UserError(
                     f"{path}: parameter {k} has shape {tuple(v.shape)}, "
-                    f"but {tuple(sums[k].shape)} in {first_path}"
-                )
+                    f"but {tuple(sums[k].shape)} in {first_path}", status=1)
             sums[k] += v.detach().to(sums[k].dtype)
         del state, params
     n = len(paths)
@@ -135,6 +146,8 @@ def average_checkpoints(paths):
     first["model"] = averaged
     # the average has been trained on everything any input has seen
     TrainingLengths.merged(model_configs).record_in(model_config(first))
+    if dictionaries is not None:
+        first[DICTIONARIES] = dictionaries[1]
     return first
 
 
@@ -142,12 +155,38 @@ def check_same_model(first_options, options, first_path, path):
     for name, value in options.items():
         if value != first_options[name]:
             what = "architecture" if name == "arch" else name
-            raise CheckpointMismatch(
+            raise UserError(
                 f"{path} has {what} {value!r}, but {first_path} has {first_options[name]!r}: "
-                "they are not the same model and cannot be averaged"
-            )
+                "they are not the same model and cannot be averaged", status=1)
 
 
+def check_same_dictionaries(recorded, path, record):
+    """``recorded``: (path, record) of the first input that records its dictionaries' fingerprints,
+    or None; ``record``: what ``path`` records (None: saved before they were recorded, nothing to
+    compare). Returns the new ``recorded``."""
+    if not isinstance(record, dict):
+        return recorded
+    if recorded is None:
+        return path, record
+    first_path, first = recorded
+    for side in ("source", "target"):
+        if record.get(side) and first.get(side) and record[side] != first[side]:
+            raise UserError(
+                f"{path} was trained with another {side} dictionary than {first_path} (fingerprints "
+                f"{record[side][:12]} and {first[side][:12]}): a token id means another token in each, so they "
+                "cannot be averaged; average the checkpoints of one training", status=1)
+    return recorded
+
+
+def output_problem(output, inputs):
+    """Why ``--output`` cannot take the average, as one line, or None; checked before any work."""
+    if os.path.isdir(output):
+        return f"--output {output} is a directory: give the file to write the average to"
+    return (outputs_over_inputs_problem({"--output": output}, {"--inputs": list(inputs)})
+            or output_dir_problem(f"--output {output}: directory", os.path.dirname(os.path.abspath(output))))
+
+
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(
         description="Average the parameters of several fairseq checkpoints.",
@@ -175,32 +214,26 @@ def main(argv=None):
             p.error("the number of checkpoints to average must be at least 1")
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             p.error("--num-epoch-checkpoints / --num-update-checkpoints need exactly one directory in --inputs")
-        try:
-            inputs = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,
-                                        args.checkpoint_upper_bound)
-        except FileNotFoundError as e:
-            sys.exit(f"error: {e}")
+        inputs = last_n_checkpoints(args.inputs[0], n, args.num_update_checkpoints is not None,
+                                    args.checkpoint_upper_bound)
     else:
         inputs = args.inputs
         for path in inputs:
             if not os.path.isfile(path):
-                sys.exit(f"error: {path} is not a file (for a directory, add --num-update-checkpoints N "
-                         "or --num-epoch-checkpoints N)")
-    if os.path.realpath(args.output) in map(os.path.realpath, inputs):  # symlinks resolved
-        sys.exit(f"error: --output {args.output} is one of the inputs")
+                raise UserError(f"{path} is not a file (for a directory, add --num-update-checkpoints N "
+                                "or --num-epoch-checkpoints N)", status=1)
+    problem = output_problem(args.output, inputs)
+    if problem:
+        raise UserError(problem)
     print(f"averaging {len(inputs)} checkpoints:", *inputs, sep="\n  ", file=sys.stderr)
-    with sigterm_unwinds():
-        try:
-            state = average_checkpoints(inputs)
-        except CheckpointMismatch as e:
-            sys.exit(f"error: {e}")
-        if not args.keep_optimizer_state:
-            state["last_optimizer_state"] = None
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        try:
-            save_checkpoint_atomically(state, args.output)
-        except OSError as e:
-            sys.exit(f"error: {e}")
+    state = average_checkpoints(inputs)
+    if not args.keep_optimizer_state:
+        state["last_optimizer_state"] = None
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    try:
+        save_checkpoint_atomically(state, args.output)
+    except OSError as e:
+        raise UserError(str(e), status=1) from e
     print(f"wrote {args.output}", file=sys.stderr)
 
 

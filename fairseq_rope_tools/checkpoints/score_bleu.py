@@ -17,18 +17,19 @@
         --out-json scores.json --detok-out hyp.detok.de
 
 With ``--tokenize``, ``--hyp`` and ``--ref`` are plain text and are Moses-tokenized (``-a``) first.
+``--out-json`` and ``--detok-out`` are checked before any scoring: a file in an existing, writable
+directory, not one of the inputs.
 """
 
 import argparse
 import json
 import re
-import sys
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import UserError
-from fairseq_rope_tools.files import write_lines_atomically, write_text_atomically
+from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.files import output_files_problem, write_lines_atomically, write_text_atomically
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -36,15 +37,6 @@ COMPOUND_RE = re.compile(r"(\S)-(\S)")
 def compound_split(line: str) -> str:
     """perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'"""
     return COMPOUND_RE.sub(r"\1 ##AT##-##AT## \2", line)
-
-
-def read_lines(path):
-    """The lines of a text file, read strictly (fairseq_rope_tools/text_lines.py): a missing, unreadable or
-    non-UTF-8 file stops the script with one line naming it (and the line of the first bad byte)."""
-    try:
-        return text_lines.read_lines(path)
-    except UserError as e:
-        sys.exit(f"error: {e}")
 
 
 def moses_tokenize(lines, lang):
@@ -123,7 +115,13 @@ def score_all(hyps, refs, raw_refs=None, lang="de", detok_hyps=None):
 
 def _check_same_length(a, b, name_a, name_b):
     if len(a) != len(b):
-        sys.exit(f"error: {name_a} has {len(a)} lines but {name_b} has {len(b)}; they must be parallel")
+        raise UserError(f"{name_a} has {len(a)} lines but {name_b} has {len(b)}; they must be parallel", status=1)
+
+
+def outputs_problem(args):
+    """Why the command line's outputs cannot be written, as one line, or None; checked before any work."""
+    return output_files_problem({"--out-json": args.out_json, "--detok-out": args.detok_out},
+                                {"--hyp": args.hyp, "--ref": args.ref, "--raw-ref": args.raw_ref})
 
 
 def run(argv=None) -> dict:
@@ -137,33 +135,38 @@ def run(argv=None) -> dict:
     p.add_argument("--detok-out", help="write the detokenized hypotheses here")
     p.add_argument("--out-json", help="write the scores (and sacreBLEU signature) here as JSON")
     args = p.parse_args(argv)
+    problem = outputs_problem(args)
+    if problem:
+        raise UserError(problem)
 
-    hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    # read strictly: a missing, unreadable or non-UTF-8 file is one line naming it (and the line of its first bad byte)
+    hyps, refs = text_lines.read_lines(args.hyp), text_lines.read_lines(args.ref)
     _check_same_length(hyps, refs, args.hyp, args.ref)
     if not hyps:
-        sys.exit(f"error: {args.hyp} and {args.ref} are empty: there is nothing to score")
+        raise UserError(f"{args.hyp} and {args.ref} are empty: there is nothing to score", status=1)
     if args.tokenize:
         hyps, refs = moses_tokenize(hyps, args.lang), moses_tokenize(refs, args.lang)
     raw_refs = None
     if args.raw_ref:
-        raw_refs = read_lines(args.raw_ref)
+        raw_refs = text_lines.read_lines(args.raw_ref)
         _check_same_length(hyps, raw_refs, args.hyp, args.raw_ref)
     result, detok = score_all(hyps, refs, raw_refs, args.lang)
+    # the files first: a reader of the printed lines that goes away (| head) does not lose them
+    if args.detok_out:  # detokenizing needs no reference
+        write_lines_atomically(args.detok_out, detok if detok is not None else moses_detokenize(hyps, args.lang))
+    if args.out_json:
+        write_text_atomically(args.out_json, json.dumps(result, indent=2) + "\n")
     tok = result["tokenized_bleu_compound_split"]
     print(f"Tokenized BLEU (compound split): {tok['score']:.2f}  "
           f"({'/'.join(f'{p:.1f}' for p in tok['precisions'])}, BP={tok['bp']:.3f}, "
           f"hyp_len={tok['sys_len']}, ref_len={tok['ref_len']})")
     if raw_refs is not None:
-        if args.detok_out:
-            write_lines_atomically(args.detok_out, detok)
         print(f"sacreBLEU: {result['sacrebleu']['score']:.2f}  signature: {result['sacrebleu']['signature']}")
         print(f"chrF++: {result['chrf++']['score']:.2f}  signature: {result['chrf++']['signature']}")
-
-    if args.out_json:
-        write_text_atomically(args.out_json, json.dumps(result, indent=2) + "\n")
     return result
 
 
+@command
 def main(argv=None) -> None:
     run(argv)
 

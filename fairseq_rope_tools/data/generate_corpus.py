@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.files import replace_directory, replaced_dir_problem, write_lines_atomically
 
 # ---------------------------------------------------------------------------------------------
@@ -382,6 +382,7 @@ def generate(seed: int, sizes):
 SPLIT_FILE = re.compile(r"(train|valid|test)\.[^/]+")
 
 
+@command
 def main(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", required=True,
@@ -404,7 +405,7 @@ def main(argv=None):
     try:
         data = generate(args.seed, sizes)
     except RuntimeError as e:
-        sys.exit(f"generate_corpus.py: {e}: ask for fewer sentences")
+        raise UserError(f"{e}: ask for fewer sentences", status=1) from None
 
     def write_corpus(directory):
         for split, pairs in data.items():

@@ -41,8 +41,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser
-from fairseq_rope_tools.files import replace_directory, replaced_dir_problem, write_lines_atomically
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
+from fairseq_rope_tools.files import (
+    outputs_over_inputs_problem,
+    replace_directory,
+    replaced_dir_problem,
+    write_lines_atomically,
+)
 
 # Debian bookworm packages with large German catalogs: compilers and tools, desktop programs.
 DEFAULT_PACKAGES = [
@@ -59,15 +64,15 @@ def download_packages(packages, download_dir: Path):
     """One .deb per package in ``download_dir``, fetched with ``apt-get download`` if absent."""
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
-            sys.exit(f"gettext_corpus.py: {tool} not found: reading Debian packages needs a Debian or"
-                     " Ubuntu system; elsewhere pass compiled catalogs with --mo")
+            raise UserError(f"{tool} not found: reading Debian packages needs a Debian or Ubuntu system; elsewhere "
+                            "pass compiled catalogs with --mo", status=1)
     download_dir.mkdir(parents=True, exist_ok=True)
     missing = [p for p in packages if not list(download_dir.glob(f"{p}_*.deb"))]
     if missing:
         result = subprocess.run(["apt-get", "download", *missing], cwd=download_dir)
         if result.returncode != 0:
-            sys.exit(f"gettext_corpus.py: 'apt-get download' failed for some of: {' '.join(missing)};"
-                     " check the names with 'apt-cache show', or pass --mo with catalogs you have")
+            raise UserError(f"'apt-get download' failed for some of: {' '.join(missing)}; check the names with "
+                            "'apt-cache show', or pass --mo with catalogs you have", status=1)
     return [sorted(download_dir.glob(f"{p}_*.deb"))[-1] for p in packages]
 
 
@@ -81,22 +86,17 @@ def catalogs_in_deb(deb: Path, lang: str):
                 yield f"{deb.name}:{Path(member.name).name}", archive.extractfile(member).read()
 
 
-class BadCatalog(Exception):
-    """Bytes that are not a valid compiled gettext catalog; the message says why."""
-
-
 def read_catalog(mo_bytes: bytes) -> dict:
-    """The messages of a compiled catalog, or BadCatalog."""
+    """The messages of a compiled catalog; a UserError says why the bytes are not one."""
     try:
         return gettext.GNUTranslations(io.BytesIO(mo_bytes))._catalog  # no public API lists it
     except UnicodeDecodeError as e:
-        raise BadCatalog(f"its text is not {e.encoding}, the character set its header declares "
-                         f"({e.reason})") from e
+        raise UserError(f"its text is not {e.encoding}, the character set its header declares ({e.reason})") from e
     except struct.error as e:
-        raise BadCatalog("it is truncated") from e
+        raise UserError("it is truncated") from e
     except (OSError, ValueError) as e:  # "Bad magic number", "File is corrupt", a bad Plural-Forms
         reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
-        raise BadCatalog(f"{reason[:1].lower()}{reason[1:]}") from e
+        raise UserError(f"{reason[:1].lower()}{reason[1:]}") from e
 
 
 def message_pairs(mo_bytes: bytes):
@@ -142,17 +142,17 @@ def cache_entries(out_dir: Path, download_dir: Path):
         return set()
 
 
-def read_catalogs(catalogs, explicit: bool, error):
+def read_catalogs(catalogs, explicit: bool):
     """[(name, [(English, translation)] or None for a bad catalog)]. A bad catalog given with
-    --mo (``explicit``) is an ``error``; one from a package is skipped with a warning."""
+    --mo (``explicit``) is refused; one from a package is skipped with a warning."""
     read = []
     for name, mo_bytes in catalogs:
         try:
             read.append((name, list(message_pairs(mo_bytes))))
-        except BadCatalog as e:
+        except UserError as e:
             if explicit:
-                error(f"--mo {name} is not a valid compiled gettext catalog: {e}; give the .mo file that "
-                      "msgfmt makes, or leave it out")
+                raise UserError(f"--mo {name} is not a valid compiled gettext catalog: {e}; give the .mo file that "
+                                "msgfmt makes, or leave it out") from None
             print(f"gettext_corpus.py: warning: skipping {name}: not a valid compiled gettext catalog: {e}",
                   file=sys.stderr)
             read.append((name, None))
@@ -169,6 +169,7 @@ def split_by_hash(pairs: dict, valid_size: int, test_size: int) -> dict:
     return splits
 
 
+@command
 def main(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -200,15 +201,20 @@ def main(argv=None):
         for path in args.mo:
             if not path.is_file():
                 p.error(f"--mo: {path} is not a file")
+        written = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in ("en", args.lang)]
+        problem = outputs_over_inputs_problem({f"--out-dir's {name}": args.out_dir / name for name in written},
+                                              {"--mo": args.mo})
+        if problem:
+            p.error(problem)
         catalogs = [(str(path), path.read_bytes()) for path in args.mo]
     else:
         debs = download_packages(args.packages, download_dir)
         catalogs = [catalog for deb in debs for catalog in catalogs_in_deb(deb, args.lang)]
         if not catalogs:
-            sys.exit(f"gettext_corpus.py: no {args.lang}/LC_MESSAGES catalogs in the packages")
+            raise UserError(f"no {args.lang}/LC_MESSAGES catalogs in the packages", status=1)
 
     pairs, per_catalog = {}, []
-    for name, messages in read_catalogs(catalogs, explicit=bool(args.mo), error=p.error):
+    for name, messages in read_catalogs(catalogs, explicit=bool(args.mo)):
         kept = 0
         for english, translation in messages or ():
             if not usable(english, translation, args.min_words):
@@ -220,8 +226,8 @@ def main(argv=None):
         per_catalog.append(f"{name}\t{kept}")
 
     if len(pairs) <= args.valid_size + args.test_size:
-        sys.exit(f"gettext_corpus.py: only {len(pairs)} pairs, fewer than --valid-size + --test-size "
-                 f"({args.valid_size} + {args.test_size}) plus one for training")
+        raise UserError(f"only {len(pairs)} pairs, fewer than --valid-size + --test-size "
+                        f"({args.valid_size} + {args.test_size}) plus one for training", status=1)
     splits = split_by_hash(pairs, args.valid_size, args.test_size)
 
     def write_corpus(directory):

@@ -57,8 +57,8 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import UserError, sayer
-from fairseq_rope_tools.files import write_atomically, write_lines_atomically
+from fairseq_rope_tools.cli import UserError, command, sayer
+from fairseq_rope_tools.files import outputs_over_inputs_problem, write_atomically, write_lines_atomically
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
@@ -118,7 +118,7 @@ def cmd_extract(args):
                     kind = _MEMBER_KINDS.get(member.type, f"of tar type {member.type!r}")
                     target = f" to {member.linkname}" if member.issym() or member.islnk() else ""
                     raise UserError(f"archive {args.archive}: member {member.name} is {kind}{target}, not a "
-                                     "regular file; refusing it (is it the WMT14 archive?)", status=1)
+                                    "regular file; refusing it (is it the WMT14 archive?)", status=1)
                 out = Path(args.dest) / wanted[name]
                 out.parent.mkdir(parents=True, exist_ok=True)
                 with archive.extractfile(member) as data, open(out, "wb") as f:
@@ -214,7 +214,7 @@ def cmd_clean(args):
             rest_s, rest_t = sum(1 for _ in it_s), sum(1 for _ in it_t)
             if rest_s or rest_t:
                 raise UserError(f"{s_in} ({total + rest_s} lines) and {t_in} ({total + rest_t} lines) "
-                                 f"are not parallel", status=1)
+                                f"are not parallel", status=1)
 
     # Both sides or neither: the target's write runs inside the source's, so both temporary files
     # are complete before either is renamed, and a failure removes both.
@@ -376,6 +376,7 @@ def cmd_idx_count(args):
         print("?")
 
 
+@command(label=f"[{PREFIX}]")
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -423,12 +424,28 @@ def main(argv=None):
                    help="an input that may have been deleted since: then its recorded fingerprint is used")
     command("idx-count", cmd_idx_count, "index", reads_text=False)
     args = p.parse_args(argv)
-    try:
-        args.func(args)
-    except UserError as e:
-        print(f"[{PREFIX}] error: {e}", file=sys.stderr)
-        sys.exit(1)
+    problem = outputs_over_inputs_problem(*step_paths(args))
+    if problem:
+        raise UserError(f"{args.cmd}: {problem}")
+    args.func(args)
 
+
+def step_paths(args):
+    """({output: path}, {input: path}) of a sub-command's command line, for the output rule."""
+    if args.cmd == "clean":
+        sides = (args.src, args.tgt)
+        return ({f"OUT_PREFIX's .{side}": f"{args.out_prefix}.{side}" for side in sides},
+                {f"IN_PREFIX's .{side}": f"{args.in_prefix}.{side}" for side in sides})
+    if args.cmd == "spm-train":
+        outputs = {"--model-prefix's .model": f"{args.model_prefix}.model",
+                   "--model-prefix's .vocab": f"{args.model_prefix}.vocab"}
+    elif args.cmd == "extract":
+        outputs = {f"--dest's {member}": os.path.join(args.dest, member) for member in args.members}
+    else:
+        outputs = {"--output" if args.cmd == "normalize" else "OUT": getattr(args, "output", None)}
+    inputs = {"IN": getattr(args, "input", None) or getattr(args, "inputs", None),
+              "--archive": getattr(args, "archive", None), "--model": getattr(args, "model", None)}
+    return outputs, inputs
 
 if __name__ == "__main__":
     main()

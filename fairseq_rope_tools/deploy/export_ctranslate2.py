@@ -37,8 +37,11 @@ deleted last, and what a killed export left is removed by the next one to the sa
 
 ``export_info.json`` records the checkpoint the model came from: its real path, and the size and
 sha256 of the bytes that were converted (hashed before and after loading; a checkpoint replaced
-meanwhile is refused), which ``--if-changed`` compares; and the model's ``max_source_positions``
-and ``max_target_positions``.
+meanwhile is refused), which ``--if-changed`` compares; the model's ``max_source_positions``
+and ``max_target_positions``; and the sha256 of the vocabularies written. Of a --length-buckets
+export, ``--if-changed`` also checks every bucket's own ``export_info.json`` against the manifest
+(fairseq_rope_tools.deploy.exported.verified_bucket_manifest): a bucket of another checkpoint, or
+at another factor or L, is exported again, never kept.
 """
 
 import argparse
@@ -58,9 +61,16 @@ from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_
 from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope.training_lengths import training_length
-from fairseq_rope_tools.cli import sigterm_unwinds
-from fairseq_rope_tools.deploy.exported import EXPORT_INFO, LENGTH_BUCKETS, read_bucket_manifest
-from fairseq_rope_tools.files import replace_directory
+from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.deploy.exported import (
+    EXPORT_INFO,
+    LENGTH_BUCKETS,
+    bucket_overrides,
+    read_bucket_manifest,
+    verified_bucket_manifest,
+    vocabulary_digests,
+)
+from fairseq_rope_tools.files import outputs_over_inputs_problem, replace_directory
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 DEFAULT_BUCKET_FACTORS = (1.5, 2.0, 3.0, 4.0)
@@ -70,17 +80,8 @@ EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO} | {
     f"{kind}vocabulary.{ext}" for kind in ("", "shared_", "source_", "target_") for ext in ("json", "txt")})
 
 
-class ExportRefused(ValueError):
-    """The checkpoint's model has something CTranslate2 cannot compute; the message names it."""
-
-
-class ExportError(ValueError):
-    """An input that cannot be exported, or an output that must not be written; the message names
-    the flag and what to do."""
-
-
 def check_exportable(args) -> None:
-    """Raise ExportRefused for the first option CTranslate2 cannot represent exactly."""
+    """Raise UserError for the first option CTranslate2 cannot represent exactly."""
     from ctranslate2.converters.fairseq import _SUPPORTED_ACTIVATIONS
 
     name = registered_model_name(args.arch)
@@ -111,7 +112,7 @@ def check_exportable(args) -> None:
     ]
     for refused, reason in refusals:
         if refused:
-            raise ExportRefused(reason)
+            raise UserError(reason)
     if name == "transformer_rope":
         _rotary_scaling(args)
 
@@ -124,12 +125,12 @@ def _rotary_scaling(args) -> dict:
         scaling = ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor, rotary_dim,
                                              args.rope_theta, training_length(args))
     except NotExportable as e:
-        raise ExportRefused(str(e)) from None
+        raise UserError(str(e)) from None
     if "max_position_embeddings" in scaling and rotary_dim != head_dim:
         # CTranslate2 scales sin and cos, so its logit temperature reaches the rotated channels only
-        raise ExportRefused(f"--rope-scaling {args.rope_scaling} with --rope-fraction {args.rope_fraction:g}: "
-                            "CTranslate2 applies the logit temperature to the rotated channels only; "
-                            "only models with --rope-fraction 1 are exported with it")
+        raise UserError(f"--rope-scaling {args.rope_scaling} with --rope-fraction {args.rope_fraction:g}: "
+                        "CTranslate2 applies the logit temperature to the rotated channels only; "
+                        "only models with --rope-fraction 1 are exported with it")
     return scaling
 
 
@@ -223,15 +224,15 @@ def _checkpoint_identity(path):
 def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None) -> bool:
     """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
     quantization, inference overrides and length buckets, and records the model's length limits (an
-    export from before they were recorded is not current)."""
+    export from before they were recorded is not current). Of a --length-buckets export, every
+    bucket's own export_info.json must agree with the manifest (a bucket from another checkpoint, or
+    at another factor, is not current)."""
     try:
         if length_buckets:
-            manifest = read_bucket_manifest(output_dir)
+            manifest = verified_bucket_manifest(output_dir)
             if [b["factor"] for b in manifest["buckets"]] != [1.0, *length_buckets]:
                 return False
-            info = manifest
-            complete = all(os.path.isfile(os.path.join(output_dir, b["directory"], "model.bin"))
-                           for b in manifest["buckets"])
+            info, complete = manifest, True
         else:
             with open(os.path.join(output_dir, EXPORT_INFO), encoding="utf-8") as f:
                 info = json.load(f)
@@ -265,24 +266,23 @@ def _is_export(directory) -> bool:
 
 
 def check_output_dir(output_dir, checkpoint, data_bin, force) -> None:
-    """Raise ExportError unless ``output_dir`` may be written: a new path; with ``force``, an
-    empty directory or an earlier export. Never a directory that holds the inputs."""
+    """Raise UserError unless ``output_dir`` may be written: a new path; with ``force``, an
+    empty directory or an earlier export. Never an input, or a directory that holds one."""
     flag = f"--output-dir {output_dir}"
+    problem = outputs_over_inputs_problem({"--output-dir": output_dir}, {"--checkpoint": checkpoint,
+                                                                         "--data-bin": data_bin})
+    if problem:
+        raise UserError(problem)
     target = os.path.realpath(output_dir)
-    for input_flag, path in (("--checkpoint", checkpoint), ("--data-bin", data_bin)):
-        real = os.path.realpath(path)
-        if real == target or real.startswith(target.rstrip(os.sep) + os.sep):
-            raise ExportError(f"{flag} holds {input_flag} {path}, which an export there would delete: "
-                              f"choose a new directory, e.g. {os.path.join(output_dir, 'ct2')}")
     if not os.path.lexists(target):
         return
     if not os.path.isdir(target):
-        raise ExportError(f"{flag} is a file, not a directory: choose a new directory or an earlier export")
+        raise UserError(f"{flag} is a file, not a directory: choose a new directory or an earlier export")
     if os.listdir(target) and not _is_export(target):
-        raise ExportError(f"{flag} is not an export (one holds export_info.json, model.bin and CTranslate2's "
-                          "files, nothing else): nothing in it is replaced; choose a new or empty directory")
+        raise UserError(f"{flag} is not an export (one holds export_info.json, model.bin and CTranslate2's "
+                        "files, nothing else): nothing in it is replaced; choose a new or empty directory")
     if not force:
-        raise ExportError(f"{flag} exists: pass --force to replace it")
+        raise UserError(f"{flag} exists: pass --force to replace it")
 
 
 def _write_failure(output_dir, error: OSError) -> str:
@@ -294,14 +294,17 @@ def _write_failure(output_dir, error: OSError) -> str:
 
 
 def write_model_dir(model_dir, write_model, info) -> None:
-    """One export in the new directory ``model_dir``: CTranslate2's files and export_info.json."""
+    """One export in the new directory ``model_dir``: CTranslate2's files and export_info.json,
+    which records the vocabularies written (``vocabulary``); returns what it records."""
     converted = os.path.join(model_dir, "model")  # CTranslate2 makes the directory it writes
     write_model(converted)
     for name in os.listdir(converted):
         os.rename(os.path.join(converted, name), os.path.join(model_dir, name))
     os.rmdir(converted)
+    info = dict(info, vocabulary=vocabulary_digests(model_dir))
     with open(os.path.join(model_dir, EXPORT_INFO), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
+    return info
 
 
 def write_export(output_dir, write_all, checkpoint, data_bin, force) -> str:
@@ -316,7 +319,7 @@ def write_export(output_dir, write_all, checkpoint, data_bin, force) -> str:
     try:
         replace_directory(output_dir, write)
     except OSError as e:
-        raise ExportError(_write_failure(output_dir, e)) from e
+        raise UserError(_write_failure(output_dir, e)) from e
     return os.path.realpath(output_dir)
 
 
@@ -335,13 +338,13 @@ def load_checkpoint(checkpoint, data_bin, overrides):
     except OptionError:
         raise
     except Exception as e:  # noqa: BLE001 - torch and fairseq raise anything on a bad file
-        raise ExportError(f"{flag} {_why_unloadable(checkpoint, e)}: pass a checkpoint written by fairseq-train "
-                          "or fairseq-rope-average") from e
+        raise UserError(f"{flag} {_why_unloadable(checkpoint, e)}: pass a checkpoint written by fairseq-train "
+                        "or fairseq-rope-average") from e
     if not unchanged:
-        raise ExportError(f"{flag} changed while it was read (is a training writing it?): export again "
-                          "once it is written")
+        raise UserError(f"{flag} changed while it was read (is a training writing it?): export again "
+                        "once it is written")
     if not isinstance(state.get("model"), dict) or model_config(state) is None:
-        raise ExportError(f"{flag} is not a fairseq checkpoint (no model weights or configuration)")
+        raise UserError(f"{flag} is not a fairseq checkpoint (no model weights or configuration)")
     return state, identity
 
 
@@ -361,17 +364,17 @@ def setup_task(state, checkpoint, data_bin):
     flag, advice = f"--data-bin {data_bin}", f"pass the data-bin {checkpoint} was trained on"
     task_cfg = state["cfg"].task
     if not glob.glob(os.path.join(glob.escape(data_bin), "dict.*.txt")):
-        raise ExportError(f"{flag} holds no dictionary (dict.*.txt): {advice}")
+        raise UserError(f"{flag} holds no dictionary (dict.*.txt): {advice}")
     try:
         task = tasks.setup_task(task_cfg)
     except Exception as e:  # noqa: BLE001 - fairseq raises plain Exceptions on a bad data-bin
-        raise ExportError(f"{flag}: cannot read its dictionaries ({str(e).splitlines()[0]}): {advice}") from e
+        raise UserError(f"{flag}: cannot read its dictionaries ({str(e).splitlines()[0]}): {advice}") from e
     for side, lang, dictionary in (("encoder", task.cfg.source_lang, task.source_dictionary),
                                    ("decoder", task.cfg.target_lang, task.target_dictionary)):
         rows = state["model"].get(f"{side}.embed_tokens.weight")
         if rows is not None and rows.shape[0] != len(dictionary):
-            raise ExportError(f"{flag} does not belong to --checkpoint {checkpoint}: its dict.{lang}.txt gives "
-                              f"{len(dictionary)} tokens, the {side}'s embeddings have {rows.shape[0]}: {advice}")
+            raise UserError(f"{flag} does not belong to --checkpoint {checkpoint}: its dict.{lang}.txt gives "
+                            f"{len(dictionary)} tokens, the {side}'s embeddings have {rows.shape[0]}: {advice}")
     return task
 
 
@@ -379,10 +382,10 @@ def check_bucket_factors(factors) -> tuple:
     """--length-buckets' factors, sorted: each a finite number > 1, none twice."""
     for factor in factors:
         if not (math.isfinite(factor) and factor > 1.0):
-            raise ExportError(f"--length-buckets: each factor must be a number > 1 (sentences within the training "
-                              f"length use the plain model), got {factor:g}")
+            raise UserError(f"--length-buckets: each factor must be a number > 1 (sentences within the training "
+                            f"length use the plain model), got {factor:g}")
     if len(set(factors)) != len(factors):
-        raise ExportError(f"--length-buckets: a factor is given twice ({' '.join(f'{f:g}' for f in factors)})")
+        raise UserError(f"--length-buckets: a factor is given twice ({' '.join(f'{f:g}' for f in factors)})")
     return tuple(sorted(factors))
 
 
@@ -391,24 +394,29 @@ def bucket_models(args, overrides, factors) -> list:
     at each factor with the training length L the checkpoint recorded (or --rope-scaling-original-length)."""
     flag_scaling = (overrides or {}).get("rope_scaling")
     if registered_model_name(args.arch) != "transformer_rope":
-        raise ExportRefused(f"--length-buckets: --arch {args.arch} has no rotary positions to scale")
+        raise UserError(f"--length-buckets: --arch {args.arch} has no rotary positions to scale")
     if flag_scaling not in (None, "dynamic-yarn") or (overrides or {}).get("rope_scaling_factor") is not None:
-        raise ExportError("--length-buckets exports plain RoPE and static yarn per bucket, as dynamic-yarn chooses "
-                          "per sentence: drop --rope-scaling and --rope-scaling-factor (or give --rope-scaling "
-                          "dynamic-yarn)")
+        raise UserError("--length-buckets exports plain RoPE and static yarn per bucket, as dynamic-yarn chooses "
+                        "per sentence: drop --rope-scaling and --rope-scaling-factor (or give --rope-scaling "
+                        "dynamic-yarn)")
     if flag_scaling is None and args.rope_scaling not in ("none", "dynamic-yarn"):
-        raise ExportRefused(f"--length-buckets: the checkpoint decodes with --rope-scaling {args.rope_scaling}; "
-                            "buckets replace it by plain RoPE and static yarn: pass --rope-scaling dynamic-yarn to "
-                            "mean that")
+        raise UserError(f"--length-buckets: the checkpoint decodes with --rope-scaling {args.rope_scaling}; "
+                        "buckets replace it by plain RoPE and static yarn: pass --rope-scaling dynamic-yarn to "
+                        "mean that")
     length = training_length(args)
     if length <= 0:
-        raise ExportError("--length-buckets needs the training length L, which the checkpoint does not record: "
-                          "pass --rope-scaling-original-length L")
-    plain = _Overridden(args, rope_scaling="none", rope_scaling_factor=1.0, rope_scaling_original_length=length)
-    return [(1.0, PLAIN_BUCKET, plain)] + [
-        (factor, f"yarn_x{factor:g}", _Overridden(args, rope_scaling="yarn", rope_scaling_factor=float(factor),
-                                                  rope_scaling_original_length=length))
-        for factor in factors]
+        raise UserError("--length-buckets needs the training length L, which the checkpoint does not record: "
+                        "pass --rope-scaling-original-length L")
+    return [(factor, PLAIN_BUCKET if factor == 1.0 else f"yarn_x{factor:g}",
+             _Overridden(args, **bucket_overrides(factor, length))) for factor in (1.0, *factors)]
+
+
+def check_original_length(overrides) -> None:
+    """--rope-scaling-original-length, when given, is a length: 0 (unset) or more tokens."""
+    length = (overrides or {}).get("rope_scaling_original_length")
+    if length is not None and length < 0:
+        raise UserError(f"--rope-scaling-original-length {length} is not a valid length: give L, the training "
+                        "length in tokens (> 0), or leave it out to use the one the checkpoint records")
 
 
 class _Overridden:
@@ -431,6 +439,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     from ctranslate2.converters.converter import Converter
 
     factors = check_bucket_factors(length_buckets) if length_buckets else ()
+    check_original_length(overrides)
     check_output_dir(output_dir, checkpoint, data_bin, force)
     state, identity = load_checkpoint(checkpoint, data_bin, overrides)
     args = model_config(state)
@@ -442,8 +451,8 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     try:
         model.load_state_dict(state["model"], strict=True)
     except RuntimeError as e:
-        raise ExportError(f"--checkpoint {checkpoint}: its weights do not fit the model its configuration "
-                          f"describes ({str(e).splitlines()[0]})") from e
+        raise UserError(f"--checkpoint {checkpoint}: its weights do not fit the model its configuration "
+                        f"describes ({str(e).splitlines()[0]})") from e
     model.eval()
     weights = None if quantization == "none" else quantization
 
@@ -463,13 +472,14 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
                             checkpoint, data_bin, force)
 
     def write_buckets(tmp):
-        for _, name, bucket_args in buckets:
-            bucket_overrides = {"rope_scaling": bucket_args.rope_scaling,
-                                "rope_scaling_factor": bucket_args.rope_scaling_factor,
-                                "rope_scaling_original_length": bucket_args.rope_scaling_original_length}
+        written = []
+        for factor, name, bucket_args in buckets:
             os.mkdir(os.path.join(tmp, name))
-            write_model_dir(os.path.join(tmp, name), writer(bucket_args), dict(info, overrides=bucket_overrides))
-        manifest = dict(info, training_length=buckets[0][2].rope_scaling_original_length, scaling="yarn",
+            written.append(write_model_dir(os.path.join(tmp, name), writer(bucket_args), dict(
+                info, overrides=bucket_overrides(factor, bucket_args.rope_scaling_original_length))))
+        # every bucket holds the plain model's vocabularies: the manifest records them, as each bucket does
+        manifest = dict(info, vocabulary=written[0]["vocabulary"],
+                        training_length=buckets[0][2].rope_scaling_original_length, scaling="yarn",
                         buckets=[{"factor": factor, "directory": name} for factor, name, _ in buckets])
         with open(os.path.join(tmp, LENGTH_BUCKETS), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1)
@@ -477,6 +487,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     return write_export(output_dir, write_buckets, checkpoint, data_bin, force)
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(prog="fairseq-rope-export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -507,23 +518,16 @@ def main(argv=None):
     overrides = {name: getattr(args, name) for name in inference_options if getattr(args, name) is not None}
     buckets = None
     if args.length_buckets is not None:
-        try:
-            buckets = check_bucket_factors(args.length_buckets or DEFAULT_BUCKET_FACTORS)
-        except ExportError as e:
-            p.exit(2, f"{p.prog}: error: {e}\n")
+        buckets = check_bucket_factors(args.length_buckets or DEFAULT_BUCKET_FACTORS)
+    check_original_length(overrides)
     if not os.path.isfile(args.checkpoint):
-        p.exit(2, f"{p.prog}: error: --checkpoint {args.checkpoint} is not a file\n")
+        raise UserError(f"--checkpoint {args.checkpoint} is not a file")
     if not os.path.isdir(args.data_bin):
-        p.exit(2, f"{p.prog}: error: --data-bin {args.data_bin} is not a directory\n")
+        raise UserError(f"--data-bin {args.data_bin} is not a directory")
     if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides, buckets):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
-    try:
-        with sigterm_unwinds():
-            out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides,
-                         buckets)
-    except (ExportRefused, ExportError, OptionError) as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
+    out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides, buckets)
     kind = f", plain and yarn x{' x'.join(f'{f:g}' for f in buckets)}" if buckets else ""
     print(f"wrote {out} ({args.quantization}{kind})", file=sys.stderr)
 

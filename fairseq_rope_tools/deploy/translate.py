@@ -26,14 +26,17 @@ Both engines refuse a line longer than the model's source positions (its BPE tok
 ``</s>`` appended, as fairseq counts them: ``max_source_positions`` of the checkpoint, or as the
 export recorded it in ``export_info.json``); ``--max-source-positions`` sets another limit. Before
 anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's dictionaries
-token for token in order, ``--src``/``--tgt`` the data-bin's direction, and every output path
-writable (a symlinked ``--output`` keeps the link; its target is replaced).
+token for token in order, ``--src``/``--tgt`` the data-bin's direction, every output path
+writable (a symlinked ``--output`` keeps the link; its target is replaced) and none of the files
+the run reads, and standard output open when the translations go there.
 
 A ``--model-dir`` written by ``fairseq-rope-export --length-buckets`` (a ``length_buckets.json``
 beside one export per bucket) decodes as ``--rope-scaling dynamic-yarn`` scales: each sentence goes
 to the model of its length (plain RoPE within the training length L, static YaRN at the next
 factor up from its tokens / L beyond), one bucket's model loaded at a time; the sentences each
-bucket got are reported.
+bucket got are reported. The manifest is verified, not trusted: every bucket's own
+``export_info.json`` must record its checkpoint's sha256, factor and L as the manifest lists them,
+and its vocabularies are checked as a single export's are.
 
 ``--input-format bpe`` takes lines already tokenized and BPE'd (as ``bpe/test.SRC``) and
 ``--output-format tok`` writes Moses-tokenized hypotheses with the BPE removed (as ``hyp.tok.TGT``
@@ -42,28 +45,38 @@ of evaluate.sh): examples/wmt14_en_de/evaluate.sh decodes the test set this way 
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser, UserError, plugin_dir, progress_sayer, sayer
+from fairseq_rope_tools.cli import (
+    ArgumentParser,
+    UserError,
+    closed_stdout_problem,
+    command,
+    plugin_dir,
+    progress_sayer,
+    sayer,
+)
 from fairseq_rope_tools.data import text_tools  # (the recipe's tokenizer, step records and strict line reader)
-from fairseq_rope_tools.deploy.exported import EXPORT_INFO, LENGTH_BUCKETS, bucket_of, read_bucket_manifest
-from fairseq_rope_tools.files import write_lines, write_text_atomically
+from fairseq_rope_tools.deploy.exported import (
+    EXPORT_INFO,
+    LENGTH_BUCKETS,
+    bucket_of,
+    read_vocabulary,
+    verified_bucket_manifest,
+)
+from fairseq_rope_tools.files import output_files_problem, write_lines, write_text_atomically
 
 text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
 
 ENGINES = ("ctranslate2", "fairseq")
 FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 BPE_TYPES = ("subword_nmt", "sentencepiece")
-
-
-class Refused(Exception):
-    """A bad flag, file or combination: reported as one line naming it, exit status 2."""
 
 
 say = sayer("translate")
@@ -82,7 +95,7 @@ def read_json(path, flag, default):
     except FileNotFoundError:
         return default
     except (OSError, ValueError) as e:
-        raise Refused(f"{flag}: cannot read {path} ({first_line(e)}): export the model again") from None
+        raise UserError(f"{flag}: cannot read {path} ({first_line(e)}): export the model again") from None
 
 
 # --- the prepared work directory ------------------------------------------------------------
@@ -93,8 +106,8 @@ def step_options(directory, name):
         return None
     parsed = text_tools._parse_record(marker.read_text(encoding="utf-8", errors="replace"))
     if parsed is None:
-        raise Refused(f"{marker} does not record the options of the {name} step (written by an older "
-                      "prepare.sh): rerun prepare.sh")
+        raise UserError(f"{marker} does not record the options of the {name} step (written by an older "
+                        "prepare.sh): rerun prepare.sh")
     return parsed[0]
 
 
@@ -112,7 +125,7 @@ def dict_tokens(path):
                     raise ValueError(f"line {number} is not 'token count'")
                 tokens.append(word)
     except (UnicodeDecodeError, ValueError) as e:
-        raise Refused(f"--data-bin: {path} is not a fairseq dictionary ({first_line(e)}): rerun prepare.sh") from None
+        raise UserError(f"--data-bin: {path} is not a fairseq dictionary ({first_line(e)}): rerun prepare.sh") from None
     return tokens
 
 
@@ -147,8 +160,8 @@ def unreadable_as_refused(work_dir, path, kind):
     try:
         yield
     except (UnicodeDecodeError, ValueError, IndexError, RuntimeError, OSError) as e:
-        raise Refused(f"--work-dir {work_dir}: {path} is not {kind} ({first_line(e)}): rerun prepare.sh, or give "
-                      "the work dir the model was trained on") from None
+        raise UserError(f"--work-dir {work_dir}: {path} is not {kind} ({first_line(e)}): rerun prepare.sh, or give "
+                        "the work dir the model was trained on") from None
 
 
 class Segmenter:
@@ -162,8 +175,8 @@ class Segmenter:
             codes, vocab = bpe_dir / "codes", bpe_dir / f"vocab.{src}"
             for path in (codes, vocab):
                 if not path.is_file():
-                    raise Refused(f"--work-dir {work_dir}: no {path} (subword-nmt BPE): is it the directory "
-                                  f"prepare.sh wrote for this model, and --src {src} right?")
+                    raise UserError(f"--work-dir {work_dir}: no {path} (subword-nmt BPE): is it the directory "
+                                    f"prepare.sh wrote for this model, and --src {src} right?")
             threshold = (step_options(bpe_dir, "bpe") or {}).get("BPE_VOCAB_THRESHOLD", "50")
             from subword_nmt.apply_bpe import BPE, read_vocabulary
 
@@ -174,7 +187,7 @@ class Segmenter:
         else:
             model = bpe_dir / "spm.model"
             if not model.is_file():
-                raise Refused(f"--work-dir {work_dir}: no {model} (sentencepiece BPE)")
+                raise UserError(f"--work-dir {work_dir}: no {model} (sentencepiece BPE)")
             import sentencepiece
 
             with unreadable_as_refused(work_dir, model, "a sentencepiece model"):
@@ -224,18 +237,19 @@ class CTranslate2Engine:
         try:
             import ctranslate2
         except ImportError:
-            raise Refused("--engine ctranslate2: the ctranslate2 package is not installed (run 'make setup')") from None
+            raise UserError("--engine ctranslate2: the ctranslate2 package is not installed "
+                            "(run 'make setup')") from None
         model_dir = Path(model_dir or args.model_dir)
         if not (model_dir / "model.bin").is_file() or not (model_dir / "config.json").is_file():
-            raise Refused(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
-                          "config.json): export one with fairseq-rope-export")
+            raise UserError(f"--model-dir {model_dir} is not a CTranslate2 model directory (no model.bin and "
+                            "config.json): export one with fairseq-rope-export")
         problem = ctranslate2_cuda_problem() if args.device == "cuda" else None
         if problem:
-            raise Refused(f"--device cuda: {problem}")
+            raise UserError(f"--device cuda: {problem}")
         supported = ctranslate2.get_supported_compute_types(args.device) | {"default", "auto"}
         if args.compute_type not in supported:
-            raise Refused(f"--compute-type {args.compute_type} is not supported by CTranslate2 on {args.device} "
-                          f"(supported: {', '.join(sorted(supported))})")
+            raise UserError(f"--compute-type {args.compute_type} is not supported by CTranslate2 on {args.device} "
+                            f"(supported: {', '.join(sorted(supported))})")
         self.max_source = args.max_source_positions or self.recorded_max_source(model_dir)
         self.options = dict(beam_size=args.beam, length_penalty=args.lenpen, max_decoding_length=args.max_len,
                             max_input_length=0)  # no silent truncation: main refuses what is too long
@@ -244,8 +258,8 @@ class CTranslate2Engine:
                                                      compute_type=args.compute_type, intra_threads=args.threads,
                                                      inter_threads=1)
         except (RuntimeError, ValueError) as e:
-            raise Refused(f"--model-dir {model_dir}: CTranslate2 cannot load {model_dir / 'model.bin'} "
-                          f"({first_line(e)}): export it again with fairseq-rope-export") from None
+            raise UserError(f"--model-dir {model_dir}: CTranslate2 cannot load {model_dir / 'model.bin'} "
+                            f"({first_line(e)}): export it again with fairseq-rope-export") from None
 
     @staticmethod
     def recorded_max_source(model_dir):
@@ -261,20 +275,19 @@ class CTranslate2Engine:
             "export_ctranslate2.py): no input-length limit is known; export it again, or pass --max-source-positions")
         return None
 
-    @staticmethod
-    def vocabulary(model_dir, side):
-        """(path, the model's source or target vocabulary as a list), or (None, None) without one."""
-        for name in (f"{side}_vocabulary.json", "shared_vocabulary.json"):
-            path = Path(model_dir) / name
-            if path.is_file():
-                vocab = read_json(path, "--model-dir", None)
-                if not isinstance(vocab, list):
-                    raise Refused(f"--model-dir: {path} is not a vocabulary list: export the model again")
-                return path, vocab
-        return None, None
-
     def translate(self, batch):
         return [r.hypotheses[0] for r in self.translator.translate_batch(batch, **self.options)]
+
+
+def bucket_manifest(directory):
+    """The manifest of the --length-buckets export ``directory``, every bucket checked against it
+    (:func:`~fairseq_rope_tools.deploy.exported.verified_bucket_manifest`): a bucket swapped,
+    edited or replaced by another export would translate with the wrong model without a word."""
+    try:
+        return verified_bucket_manifest(directory)
+    except (OSError, ValueError) as e:
+        raise UserError(f"--model-dir {directory}: {first_line(e)}: export it again with fairseq-rope-export "
+                        "--length-buckets") from None
 
 
 class LengthBuckets:
@@ -286,18 +299,11 @@ class LengthBuckets:
 
     def __init__(self, args):
         directory = Path(args.model_dir)
-        try:
-            manifest = read_bucket_manifest(directory)
-        except (OSError, ValueError) as e:
-            raise Refused(f"--model-dir {directory}: {first_line(e)}: export it again with fairseq-rope-export "
-                          "--length-buckets") from None
+        manifest = bucket_manifest(directory)
         self.args, self.training_length = args, manifest["training_length"]
         self.factors = [float(b["factor"]) for b in manifest["buckets"]]
         self.labels = ["plain" if f == 1.0 else f"yarn x{f:g}" for f in self.factors]
         self.directories = [directory / b["directory"] for b in manifest["buckets"]]
-        for path in self.directories:
-            if not (path / "model.bin").is_file():
-                raise Refused(f"--model-dir {directory}: the bucket {path.name} has no model.bin: export it again")
         limit = manifest.get("max_source_positions")
         self.max_source = args.max_source_positions or (limit if isinstance(limit, int) and limit > 1 else None)
         self.sentences = dict.fromkeys(self.labels, 0)
@@ -357,7 +363,7 @@ class FairseqEngine:
         checkpoint = Path(args.checkpoint).resolve()
         torch.set_num_threads(args.threads)
         if args.device == "cuda" and not torch.cuda.is_available():
-            raise Refused("--device cuda: torch sees no CUDA device")
+            raise UserError("--device cuda: torch sees no CUDA device")
         from omegaconf import open_dict
 
         hub = self.load(checkpoint, args)
@@ -397,16 +403,16 @@ class FairseqEngine:
             if state.get("cfg") is None and state.get("args") is None:
                 raise KeyError("it holds no model configuration")
         except Exception as e:  # torch, pickle and zip errors, or a file of another kind: all mean the same
-            raise Refused(f"--checkpoint {args.checkpoint} is not a readable fairseq checkpoint ({first_line(e)}): "
-                          "give a checkpoint written by fairseq-train") from None
+            raise UserError(f"--checkpoint {args.checkpoint} is not a readable fairseq checkpoint ({first_line(e)}): "
+                            "give a checkpoint written by fairseq-train") from None
         try:
             models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
                 [str(checkpoint)], arg_overrides=overrides, state=state)
         except (RuntimeError, KeyError, ValueError) as e:
             mismatch = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
-            raise Refused(f"--checkpoint {args.checkpoint} does not fit the dictionaries of --data-bin "
-                          f"{args.data_bin} ({mismatch[0] if mismatch else first_line(e)}): give the work dir / "
-                          "data-bin the model was trained on") from None
+            raise UserError(f"--checkpoint {args.checkpoint} does not fit the dictionaries of --data-bin "
+                            f"{args.data_bin} ({mismatch[0] if mismatch else first_line(e)}): give the work dir / "
+                            "data-bin the model was trained on") from None
         return GeneratorHubInterface(cfg, task, models)
 
     @staticmethod
@@ -420,8 +426,8 @@ class FairseqEngine:
 
         learned = isinstance(getattr(hub.models[0].encoder, "embed_positions", None), LearnedPositionalEmbedding)
         if learned and requested > limits[0]:
-            raise Refused(f"--max-source-positions {requested}: the model has learned positions for at most "
-                          f"{limits[0]} source tokens")
+            raise UserError(f"--max-source-positions {requested}: the model has learned positions for at most "
+                            f"{limits[0]} source tokens")
         hub.max_positions = (requested, *limits[1:])  # the limit fairseq's batching checks sources against
         return requested
 
@@ -503,52 +509,52 @@ def parse_args(argv):
             p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
     if args.lenpen != args.lenpen:  # NaN
         p.error("--lenpen must be a number")
-    return p, args
+    return args
 
 
 def check_setup(args):
-    """Resolve defaults and check every file and flag before any text is read: raises Refused."""
+    """Resolve defaults and check every file and flag before any text is read: raises UserError."""
     if args.engine is None:
         if args.model_dir:
             args.engine = "ctranslate2"
         elif args.checkpoint:
             args.engine = "fairseq"
         else:
-            raise Refused("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
+            raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
     if args.engine == "ctranslate2":
         if not args.model_dir:
-            raise Refused("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
+            raise UserError("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
         if not Path(args.model_dir).is_dir():
-            raise Refused(f"--model-dir {args.model_dir} is not a directory")
+            raise UserError(f"--model-dir {args.model_dir} is not a directory")
     else:
         if not args.checkpoint:
-            raise Refused("--engine fairseq needs --checkpoint CKPT")
+            raise UserError("--engine fairseq needs --checkpoint CKPT")
         if not Path(args.checkpoint).is_file():
-            raise Refused(f"--checkpoint {args.checkpoint} is not a file")
+            raise UserError(f"--checkpoint {args.checkpoint} is not a file")
         if args.compute_type not in FAIRSEQ_COMPUTE_TYPES:
-            raise Refused(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
-                          f"{', '.join(FAIRSEQ_COMPUTE_TYPES)}")
+            raise UserError(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
+                            f"{', '.join(FAIRSEQ_COMPUTE_TYPES)}")
         if args.compute_type in ("float16", "bfloat16") and args.device != "cuda":
-            raise Refused(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
+            raise UserError(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
     work_dir = Path(args.work_dir) if args.work_dir else None
     if work_dir is not None and not work_dir.is_dir():
-        raise Refused(f"--work-dir {work_dir} is not a directory")
+        raise UserError(f"--work-dir {work_dir} is not a directory")
     args.work_dir = work_dir
     args.data_bin = Path(args.data_bin) if args.data_bin else (work_dir / "data-bin" if work_dir else None)
     if args.data_bin is not None and not args.data_bin.is_dir():
-        raise Refused(f"--data-bin {args.data_bin} is not a directory" if work_dir is None or
-                      args.data_bin != work_dir / "data-bin" else
-                      f"--work-dir {work_dir} has no data-bin/: run prepare.sh first (or give --data-bin)")
+        raise UserError(f"--data-bin {args.data_bin} is not a directory" if work_dir is None or
+                        args.data_bin != work_dir / "data-bin" else
+                        f"--work-dir {work_dir} has no data-bin/: run prepare.sh first (or give --data-bin)")
     if args.input_format == "raw" and work_dir is None:
-        raise Refused("--work-dir is needed to tokenize and BPE raw text: the directory prepare.sh wrote "
-                      "(or pass --input-format bpe)")
+        raise UserError("--work-dir is needed to tokenize and BPE raw text: the directory prepare.sh wrote "
+                        "(or pass --input-format bpe)")
     if args.engine == "fairseq" and args.data_bin is None:
-        raise Refused("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
+        raise UserError("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
 
     src, tgt = languages_of(args.data_bin)
     if src and tgt and (args.src or src, args.tgt or tgt) != (src, tgt):  # swapped, or one side repeated
-        raise Refused(f"--src {args.src or src} --tgt {args.tgt or tgt}: the data-bin {args.data_bin} is for "
-                      f"{src}-{tgt} (translating {src} to {tgt}): pass --src {src} --tgt {tgt}, or leave both out")
+        raise UserError(f"--src {args.src or src} --tgt {args.tgt or tgt}: the data-bin {args.data_bin} is for "
+                        f"{src}-{tgt} (translating {src} to {tgt}): pass --src {src} --tgt {tgt}, or leave both out")
     args.src, args.tgt = args.src or src, args.tgt or tgt
     tokenized_workdir = work_dir is None or (step_options(work_dir / "tok", "tok") or {}).get("TOKENIZE", "1") != "0"
     if args.output_format is None:
@@ -561,12 +567,12 @@ def check_setup(args):
     for flag, missing in needs.items():
         if missing:
             where = f"the data-bin {args.data_bin} does not record it" if args.data_bin else "there is no data-bin"
-            raise Refused(f"{flag}: cannot tell the language ({where}); pass {flag}")
+            raise UserError(f"{flag}: cannot tell the language ({where}); pass {flag}")
     if args.data_bin is not None:
         for lang in filter(None, (args.src, args.tgt)):
             if not (args.data_bin / f"dict.{lang}.txt").is_file():
-                raise Refused(f"--data-bin {args.data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
-                              "the data-bin of this model")
+                raise UserError(f"--data-bin {args.data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
+                                "the data-bin of this model")
 
     args.bpe_type = None
     if args.data_bin is not None and (args.data_bin / "bpe_type").is_file():
@@ -576,49 +582,56 @@ def check_setup(args):
         args.bpe_type = {"subword-nmt": "subword_nmt", "sentencepiece": "sentencepiece"}.get(bpe)
     if args.bpe_type is None and (args.input_format == "raw" or args.output_format != "bpe"):
         where = args.data_bin or work_dir
-        raise Refused(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
-                      "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
+        raise UserError(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
+                        "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
     if args.bpe_type is not None and args.bpe_type not in BPE_TYPES:
-        raise Refused(f"{args.data_bin}/bpe_type: unknown BPE kind {args.bpe_type!r} "
-                      f"(expected {' or '.join(BPE_TYPES)})")
+        raise UserError(f"{args.data_bin}/bpe_type: unknown BPE kind {args.bpe_type!r} "
+                        f"(expected {' or '.join(BPE_TYPES)})")
     if args.input_format == "raw" and not (work_dir / "bpe" / ".done").is_file():
-        raise Refused(f"--work-dir {work_dir} has no complete bpe/ step (bpe/.done): run prepare.sh first")
+        raise UserError(f"--work-dir {work_dir} has no complete bpe/ step (bpe/.done): run prepare.sh first")
 
     if args.engine == "ctranslate2" and args.data_bin is not None:
         check_vocabulary(args)
     check_outputs(args)
     if args.input != "-" and not Path(args.input).is_file():
-        raise Refused(f"input file {args.input} does not exist" if not Path(args.input).exists()
-                      else f"input {args.input} is not a file")
+        raise UserError(f"input file {args.input} does not exist" if not Path(args.input).exists()
+                        else f"input {args.input} is not a file")
 
 
 def check_outputs(args):
     """Every file this run will write can be written, before hours of decoding: a writable
-    directory (a symlink's target is what gets replaced), not a directory, not the same file twice."""
-    outputs = [(flag, path) for flag, path in (("--output", args.output), ("--stats-json", args.stats_json))
-               if path is not None]
-    for flag, path in outputs:
-        check_writable(flag, Path(path))
-    if len(outputs) == 2 and os.path.realpath(args.output) == os.path.realpath(args.stats_json):
-        raise Refused(f"--output {args.output} and --stats-json {args.stats_json} are the same file: the statistics "
-                      "would replace the translations; give two different files")
+    directory (a symlink's target is what gets replaced), not a directory, not the same file twice,
+    none of the files it reads; without --output, an open standard output."""
+    if args.output is None:
+        problem = closed_stdout_problem("--output")
+        if problem:
+            raise UserError(problem)
+    problem = output_files_problem({"--output": args.output, "--stats-json": args.stats_json}, input_files(args))
+    if problem:
+        raise UserError(problem)
 
 
-def check_writable(flag, path):
-    if path.is_dir():
-        raise Refused(f"{flag} {path} is a directory")
-    target = Path(os.path.realpath(path))
-    if not target.parent.is_dir():
-        raise Refused(f"{flag} {path}: directory {target.parent} does not exist")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise Refused(f"{flag} {path} is read-only: make it writable, or give another file")
-    try:  # the atomic write creates its temporary file beside the target: try that
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise Refused(f"{flag} {path}: cannot create files in {target.parent} ({e.strerror}): "
-                      "give a file in a writable directory") from None
+def input_files(args) -> dict:
+    """Every file this run reads, by what names it (a description, for the message): the input,
+    the model's files, the dictionaries and the work dir's step records and BPE files."""
+    inputs = {"the input file": None if args.input == "-" else args.input}
+    if args.engine == "fairseq":
+        inputs["--checkpoint"] = args.checkpoint
+    else:
+        model_dir = Path(args.model_dir)
+        for path in sorted(model_dir.rglob("*")):
+            if path.is_file():
+                inputs[f"--model-dir's {path.relative_to(model_dir)}"] = path
+    if args.data_bin is not None:
+        for name in sorted({f"dict.{lang}.txt" for lang in (args.src, args.tgt) if lang} | {"bpe_type", ".done"}):
+            inputs[f"--data-bin's {name}"] = args.data_bin / name
+    if args.work_dir is not None:
+        read = ["tok/.done", "bpe/.done"]
+        if args.input_format == "raw":
+            read += ["bpe/spm.model"] if args.bpe_type == "sentencepiece" else ["bpe/codes", f"bpe/vocab.{args.src}"]
+        for name in read:
+            inputs[f"--work-dir's {name}"] = args.work_dir / name
+    return inputs
 
 
 FAIRSEQ_SPECIALS = ["<s>", "<blank>", "</s>", "<unk>"]  # a fairseq Dictionary's first symbols, as CTranslate2
@@ -630,23 +643,26 @@ def check_vocabulary(args):
     the same order: a model's token ids are positions in its vocabulary, so another dictionary,
     or the same tokens in another order, would translate into garbage without a word."""
     model_dir = Path(args.model_dir)
-    if (model_dir / LENGTH_BUCKETS).is_file():  # every bucket has the same vocabularies: check the first
+    model_dirs = [model_dir]
+    if (model_dir / LENGTH_BUCKETS).is_file():  # each bucket is a model of its own: check every one
+        model_dirs = [model_dir / b["directory"] for b in bucket_manifest(model_dir)["buckets"]]
+    for directory, (side, lang) in itertools.product(model_dirs, (("source", args.src), ("target", args.tgt))):
+        if lang is None:
+            continue
         try:
-            model_dir = model_dir / read_bucket_manifest(model_dir)["buckets"][0]["directory"]
+            path, vocab = read_vocabulary(directory, side)
         except (OSError, ValueError) as e:
-            raise Refused(f"--model-dir {args.model_dir}: {first_line(e)}: export it again") from None
-    for side, lang in (("source", args.src), ("target", args.tgt)):
-        path, vocab = CTranslate2Engine.vocabulary(model_dir, side)
-        if lang is None or vocab is None:
+            raise UserError(f"--model-dir {args.model_dir}: {first_line(e)}: export the model again") from None
+        if vocab is None:
             continue
         dictionary = args.data_bin / f"dict.{lang}.txt"
         expected = FAIRSEQ_SPECIALS + dict_tokens(dictionary)
         if vocab != expected:
             index = next((i for i, (a, b) in enumerate(zip(vocab, expected)) if a != b), min(len(vocab), len(expected)))
-            raise Refused(f"--model-dir {args.model_dir} was not exported with the dictionary of {args.data_bin}: "
-                          f"token {index} of {path} is {_token_at(vocab, index)}, of {dictionary} "
-                          f"{_token_at(expected, index, dictionary=True)}: give the work dir / data-bin the model "
-                          "was trained on")
+            raise UserError(f"--model-dir {args.model_dir} was not exported with the dictionary of {args.data_bin}: "
+                            f"token {index} of {path} is {_token_at(vocab, index)}, of {dictionary} "
+                            f"{_token_at(expected, index, dictionary=True)}: give the work dir / data-bin the model "
+                            "was trained on")
 
 
 def _token_at(tokens, index, dictionary=False):
@@ -665,34 +681,30 @@ def check_lengths(sources, limit, path):
     for number, tokens in enumerate(sources, 1):
         if len(tokens) + 1 > limit:
             raise UserError(f"{path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
-                             f"{limit - 1}: split the line, or raise the limit with --max-source-positions", status=1)
+                            f"{limit - 1}: split the line, or raise the limit with --max-source-positions", status=1)
 
 
+@command
 def main(argv=None):
-    p, args = parse_args(argv)
-    try:
-        check_setup(args)
-        segment = Segmenter(args.work_dir, args.src, args.bpe_type) if args.input_format == "raw" else str.split
-        if args.engine == "fairseq":
-            engine = FairseqEngine(args)
-        elif (Path(args.model_dir) / LENGTH_BUCKETS).is_file():
-            engine = LengthBuckets(args)
-        else:
-            engine = CTranslate2Engine(args)
-        reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
-        lines = list(reader)
-        reader.report()
-        sources = [segment(line) for line in lines]
-        check_lengths(sources, engine.max_source, reader.path)
-        progress = not args.quiet and args.input != "-"
-        if isinstance(engine, LengthBuckets):
-            hyps, seconds = engine.translate_all(sources, args.batch_size, progress)
-        else:
-            hyps, seconds = translate(engine, sources, args.batch_size, progress)
-    except Refused as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
-    except UserError as e:
-        p.exit(1, f"{p.prog}: error: {e}\n")
+    args = parse_args(argv)
+    check_setup(args)
+    segment = Segmenter(args.work_dir, args.src, args.bpe_type) if args.input_format == "raw" else str.split
+    if args.engine == "fairseq":
+        engine = FairseqEngine(args)
+    elif (Path(args.model_dir) / LENGTH_BUCKETS).is_file():
+        engine = LengthBuckets(args)
+    else:
+        engine = CTranslate2Engine(args)
+    reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
+    lines = list(reader)
+    reader.report()
+    sources = [segment(line) for line in lines]
+    check_lengths(sources, engine.max_source, reader.path)
+    progress = not args.quiet and args.input != "-"
+    if isinstance(engine, LengthBuckets):
+        hyps, seconds = engine.translate_all(sources, args.batch_size, progress)
+    else:
+        hyps, seconds = translate(engine, sources, args.batch_size, progress)
 
     if args.output_format != "bpe":
         hyps = [remove_bpe(" ".join(h), args.bpe_type) for h in hyps]
@@ -709,8 +721,8 @@ def main(argv=None):
     try:
         write_lines(args.output, hyps)
     except OSError as e:  # checked before decoding, so only what changed since: a full disk, ...
-        p.exit(1, f"{p.prog}: error: {f'--output {args.output}' if args.output else 'standard output'}: "
-                  f"{e.strerror or e}\n")
+        raise UserError(f"{f'--output {args.output}' if args.output else 'standard output'}: {e.strerror or e}",
+                        status=1) from None
 
     n = sum(1 for s in sources if s)
     stats = dict(engine=args.engine, sentences=n, lines=len(sources), seconds=round(seconds, 3),
@@ -723,7 +735,7 @@ def main(argv=None):
         try:
             write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")
         except OSError as e:
-            p.exit(1, f"{p.prog}: error: --stats-json {args.stats_json}: {e.strerror or e}\n")
+            raise UserError(f"--stats-json {args.stats_json}: {e.strerror or e}", status=1) from None
     if not args.quiet:
         say(f"{len(sources)} lines ({n} to translate) in {seconds:.2f} s of decoding"
             + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")

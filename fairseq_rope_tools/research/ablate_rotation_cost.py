@@ -16,13 +16,14 @@ import time
 
 import torch
 
-from fairseq_rope_tools.cli import progress_sayer
+from fairseq_rope_tools.cli import command, progress_sayer
 from fairseq_rope_tools.research.benchmark_speed import ARCHS, build_on, make_batch, train_step
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
 
 
-def main():
+@command
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", choices=sorted(ARCHS), default="base")
     parser.add_argument("--reps", type=int, default=4, help="timed steps per model (after one warm-up)")
@@ -30,7 +31,7 @@ def main():
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--malloc", choices=["default", "retain"], default="default")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     progress = progress_sayer("ablate-rotation")
     use_malloc(args.malloc)
     torch.set_num_threads(args.threads)

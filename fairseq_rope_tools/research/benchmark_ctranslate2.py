@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
-from fairseq_rope_tools.cli import plugin_dir, progress_sayer
+from fairseq_rope_tools.cli import UserError, command, plugin_dir, progress_sayer
 from fairseq_rope_tools.deploy.translate import ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.translate import remove_bpe as remove_bpe_from_line
-from fairseq_rope_tools.files import write_text_atomically
+from fairseq_rope_tools.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.research.machine import cpu_model
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64
@@ -121,7 +121,7 @@ def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp3
          "--batch-size", str(BATCH), "--gen-subset", "test", "--max-len-a", "0", "--max-len-b", str(max_len)],
         capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        sys.exit(f"error: fairseq-generate failed:\n{proc.stderr[-3000:]}")
+        raise UserError(f"fairseq-generate failed:\n{proc.stderr[-3000:]}", status=1)
     # its time is printed to 0.1 s, its speed to 0.01 sentences/s: the time from the speed is exact enough
     # for a GPU's fraction of a second
     m = re.search(r"Translated ([\d,]+) sentences \([\d,]+ tokens\) in [\d.]+s \(([\d.]+) sentences/s",
@@ -157,9 +157,15 @@ def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cp
     proc = subprocess.run([sys.executable, "-m", __spec__.name, "--ct2-worker"], input=json.dumps(request),
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        sys.exit(f"error: CTranslate2 ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}")
+        raise UserError(f"CTranslate2 ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}",
+                        status=1)
     reply = json.loads(proc.stdout)
     return reply["seconds"], reply["hypotheses"]
+
+
+def export_dir(out_dir, quantization):
+    """Where :func:`export` writes the model of ``quantization``: OUT_DIR/ct2_QUANTIZATION."""
+    return out_dir / f"ct2_{quantization}"
 
 
 def export(checkpoint, data_bin, out_dir, quantization):
@@ -167,17 +173,22 @@ def export(checkpoint, data_bin, out_dir, quantization):
     process: torch and fairseq are loaded once for all exports."""
     from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
-    model_dir = out_dir / f"ct2_{quantization}"
+    model_dir = export_dir(out_dir, quantization)
     if not exporter.is_current(model_dir, checkpoint, quantization):
         progress(f"exporting {checkpoint} to {model_dir} ({'no' if quantization == 'none' else quantization} "
                  "quantization)")
         try:
             exporter.export(str(checkpoint), str(data_bin), str(model_dir), quantization, force=True)
-        except (exporter.ExportRefused, exporter.ExportError, exporter.OptionError) as e:
-            sys.exit(f"error: {e}")
+        except (UserError, exporter.OptionError) as e:  # a step of the benchmark that failed: status 1
+            raise UserError(str(e), status=1) from None
     return model_dir
 
 
+# the files main writes into --out-dir, besides export's model directories
+RESULTS = ("results.json", "results.md")
+
+
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,9 +206,13 @@ def main(argv=None):
     for flag in ("checkpoint", "data_bin", "out_dir"):
         if getattr(args, flag) is None:
             p.error(f"--{flag.replace('_', '-')} is required")
-    problem = device_problem(args.device)
+    written = [args.out_dir / name for name in RESULTS] + [export_dir(args.out_dir, q)
+                                                           for _, q, _ in CT2_CONFIGS[args.device]]
+    problem = (outputs_over_inputs_problem({f"--out-dir's {path.name}": path for path in written},
+                                           {"--checkpoint": args.checkpoint, "--data-bin": args.data_bin})
+               or device_problem(args.device))
     if problem:
-        p.exit(2, f"{p.prog}: error: {problem}\n")
+        raise UserError(problem)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     bpe_type_file = args.data_bin / "bpe_type"
     bpe_type = bpe_type_file.read_text().strip() if bpe_type_file.exists() else "subword_nmt"
@@ -252,8 +267,8 @@ def main(argv=None):
         for r in rows)
     report = dict(checkpoint=str(args.checkpoint), data_bin=str(args.data_bin), beam=BEAM, lenpen=LENPEN,
                   batch_size=BATCH, reps=args.reps, device=args.device, cpu=cpu_model() or "unknown", rows=rows)
-    write_text_atomically(args.out_dir / "results.json", json.dumps(report, indent=1) + "\n")
-    write_text_atomically(args.out_dir / "results.md", table)
+    for name, text in zip(RESULTS, (json.dumps(report, indent=1) + "\n", table)):
+        write_text_atomically(args.out_dir / name, text)
     print(table)
 
 

@@ -47,8 +47,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from fairseq_rope_tools.cli import progress_sayer
-from fairseq_rope_tools.files import write_text_atomically
+from fairseq_rope_tools.cli import UserError, command, progress_sayer
+from fairseq_rope_tools.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
 
 # page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests
@@ -395,14 +395,14 @@ def write_json(path, data):
 
 
 def read_reports(paths):
-    """(path, report, its results) of every saved ``--json-out`` report; SystemExit naming a file that is not one."""
+    """(path, report, its results) of every saved ``--json-out`` report; a UserError names a file that is not one."""
     reports = []
     for path in paths:
         try:
             report = json.loads(Path(path).read_text())
             results = report["results"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SystemExit(f"--pool {path}: not a report written by --json-out ({err})") from None
+            raise UserError(f"--pool {path}: not a report written by --json-out ({err})", status=1) from None
         reports.append((path, report, results))
     return reports
 
@@ -525,8 +525,12 @@ def run_benchmarks(args, device, stopwatch):
     return results, rows
 
 
+@command
 def main(argv=None):
     args = parse_args(argv)
+    problem = outputs_over_inputs_problem({"--json-out": args.json_out}, {"--pool": args.pool})
+    if problem:
+        raise UserError(problem)
     if args.pool:
         pool_reports(args.pool, args.json_out)
         return

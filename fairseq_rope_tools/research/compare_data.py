@@ -17,24 +17,31 @@ arguments that undo its subword segmentation.
 With ``--length-split L`` (all but ``--data-bin``) training and validation keep the pairs whose
 both sides have at most L words (tokens of the tokenized text, before subwords), and the test set
 becomes four groups: up to L words, longer, and consecutive pairs joined 2 and 3 at a time.
+
+The ``text/`` and ``data-bin/`` the harness binarizes into ``--out-dir`` hold a marker file
+(:data:`MARKER`): each run replaces them as a whole, so it replaces only those it made
+(:func:`out_dir_problem`).
 """
 
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_rope_tools.cli import UserError, run_logged
-from fairseq_rope_tools.files import replace_directory, write_lines_atomically, write_text_atomically
+from fairseq_rope_tools.files import outputs_over_inputs_problem, replace_directory, write_lines_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.text_lines import read_lines
 
 GROUPS_FILE = "test_groups.json"
 PREPARE_STEPS = ("raw", "tok", "clean", "bpe", "data-bin")
 REMOVE_BPE = {"subword_nmt": ["--remove-bpe"], "sentencepiece": ["--remove-bpe", "sentencepiece"]}
+# in every text/ and data-bin/ the harness makes: the directories it may replace on a later run
+MARKER = ".made-by-fairseq-rope-compare"
+BINARIZED = ("text", "data-bin")  # what binarize() writes in --out-dir, beside its preprocess.log
+REMOVED_MARKERS = {"@@ ": "@@ ", "subword_nmt": "@@ ", "sentencepiece": "\u2581"}  # --remove-bpe KIND -> marker
 
 
 @dataclass
@@ -77,7 +84,7 @@ def _parallel(paths):
     for path, column in zip(paths[1:], columns[1:]):
         if len(column) != len(columns[0]):
             raise UserError(f"{paths[0]} ({len(columns[0])} lines) and {path} ({len(column)} lines) "
-                             "are not parallel", status=1)
+                            "are not parallel", status=1)
     return list(zip(*columns))
 
 
@@ -98,31 +105,109 @@ def split_by_length(train, valid, test, limit):
 def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
     """Write the rows' model text to OUT_DIR/text and binarize it into OUT_DIR/data-bin (joined
     dictionary: built from train, or ``dictionary``); the test set is the groups one after the
-    other, their line ranges in data-bin/test_groups.json. Returns (data-bin, groups, test rows)."""
-    text_dir = out_dir / "text"
+    other, their line ranges in data-bin/test_groups.json. Each directory is replaced as a whole,
+    marked as the harness's (:func:`out_dir_problem` checked that the old ones were). Returns
+    (data-bin, groups, test rows)."""
+    text_dir, data_bin = out_dir / "text", out_dir / "data-bin"
     test = [row for _, rows in groups for row in rows]
 
     def write_text(directory):  # the splits as one: never new sources beside old targets
         for split, rows in (("train", train), ("valid", valid), ("test", test)):
             write_lines_atomically(Path(directory) / f"{split}.{src}", (r[0] for r in rows))
             write_lines_atomically(Path(directory) / f"{split}.{tgt}", (r[1] for r in rows))
+        mark_as_made(directory)
 
     replace_directory(text_dir, write_text)
     ranges, start = {}, 0
     for name, rows in groups:
         ranges[name] = [start, start + len(rows)]
         start += len(rows)
-    # built aside and renamed, so an interrupted run never leaves a data-bin a rerun would use
-    data_bin, building = out_dir / "data-bin", out_dir / "data-bin.tmp"
-    shutil.rmtree(building, ignore_errors=True)
-    cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", text_dir / "train",
-           "--validpref", text_dir / "valid", "--testpref", text_dir / "test", "--destdir", building,
-           "--joined-dictionary", "--workers", "1"]
-    run_logged(cmd + (["--srcdict", dictionary] if dictionary else []), out_dir / "preprocess.log")
-    write_text_atomically(building / GROUPS_FILE, json.dumps(ranges, indent=1))
-    shutil.rmtree(data_bin, ignore_errors=True)
-    os.replace(building, data_bin)
+
+    def write_data_bin(directory):  # an interrupted run leaves no data-bin that a rerun would use
+        cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref", text_dir / "train",
+               "--validpref", text_dir / "valid", "--testpref", text_dir / "test", "--destdir", directory,
+               "--joined-dictionary", "--workers", "1"]
+        run_logged(cmd + (["--srcdict", dictionary] if dictionary else []), out_dir / "preprocess.log")
+        (Path(directory) / GROUPS_FILE).write_text(json.dumps(ranges, indent=1))
+        mark_as_made(directory)
+
+    replace_directory(data_bin, write_data_bin)
     return data_bin, ranges, test
+
+
+def mark_as_made(directory) -> None:
+    (Path(directory) / MARKER).write_text("made by fairseq-rope-compare, which replaces this directory on each run\n")
+
+
+def binarizes(args) -> bool:
+    """Whether the corpus is binarized into --out-dir: text given without subwords, or split by length."""
+    return bool(args.raw_dir or (args.length_split and not args.data_bin))
+
+
+def written_paths(args) -> Dict[str, Path]:
+    """What the data side writes in --out-dir, by how a message names it."""
+    written = {}
+    if binarizes(args):
+        written.update({f"--out-dir's {name}/": args.out_dir / name for name in BINARIZED})
+    if args.quickstart_corpus:
+        written.update({f"--out-dir's {name}/": args.out_dir / name for name in ("corpus", "prepared")})
+    return written
+
+
+def read_paths(args) -> Dict[str, Optional[Path]]:
+    """The inputs the command line names, by how a message names them; a prepared work dir's step
+    directories also one by one: an output inside the work dir overwrites no input, one at its
+    data-bin/ does."""
+    read = {"--raw-dir": args.raw_dir, "--data-bin": args.data_bin, "--prepared-dir": args.prepared_dir}
+    if args.prepared_dir:
+        read.update({f"--prepared-dir's {step}/": args.prepared_dir / step for step in PREPARE_STEPS})
+    return read
+
+
+def out_dir_problem(args, written: Dict[str, Path]) -> Optional[str]:
+    """Why the harness cannot write ``written`` (flag -> path: all it writes in --out-dir), as one
+    line, or None: one of them is one of its inputs or holds one; --out-dir is a prepare.sh work
+    dir; or it holds a text/ or data-bin/ that the harness would replace but did not make."""
+    out = args.out_dir
+    problem = outputs_over_inputs_problem(written, read_paths(args))
+    if problem:
+        return problem
+    done = [f"{step}/.done" for step in PREPARE_STEPS if (out / step / ".done").is_file()]
+    if done:
+        return (f"--out-dir {out} is a prepare.sh work dir (it holds {', '.join(done)}): the comparison would write "
+                "its own files among the corpus's; give another --out-dir (and this one as --prepared-dir)")
+    for name in BINARIZED if binarizes(args) else ():
+        if os.path.lexists(out / name) and not (out / name / MARKER).is_file():
+            return (f"--out-dir {out} holds a {name}/ that fairseq-rope-compare did not make (it has no {MARKER}), "
+                    f"and the comparison replaces {name}/ as a whole: give another --out-dir (or delete "
+                    f"{out / name} if an older fairseq-rope-compare made it)")
+    return None
+
+
+def removed_marker_problem(args, refs_path, refs) -> Optional[str]:
+    """Why --generate-args --remove-bpe cannot go with these references, as one line, or None:
+    they carry the subword markers it removes from the hypotheses alone (text given without
+    subwords, such as --raw-dir's, is scored as it is)."""
+    marker = removed_marker(args.generate_args)
+    marked = next((n for n, line in enumerate(refs, 1) if marker and marker in line + " "), None)
+    if marked is None:
+        return None
+    return (f"{refs_path} carries subword markers ({marker.strip()!r}, line {marked}), which --generate-args "
+            "--remove-bpe removes from the hypotheses only, so they would be scored against references that keep "
+            "them: give --raw-dir text without subwords (or a prepare.sh work dir with --prepared-dir), or drop "
+            "--remove-bpe")
+
+
+def removed_marker(generate_args) -> Optional[str]:
+    """The subword marker that fairseq-generate removes with these arguments (--remove-bpe [KIND]), or None."""
+    for at, arg in enumerate(generate_args):
+        option, equals, kind = arg.partition("=")
+        if option == "--remove-bpe":
+            following = generate_args[at + 1:at + 2]
+            if not equals:  # --remove-bpe KIND, or alone: fairseq's "@@ "
+                kind = following[0] if following and not following[0].startswith("-") else "@@ "
+            return REMOVED_MARKERS.get(kind)
+    return None
 
 
 def from_raw_dir(args, log):
@@ -130,6 +215,9 @@ def from_raw_dir(args, log):
     train, valid, test = ([(" ".join(a), " ".join(b), " ".join(a), " ".join(b), None)
                            for a, b in read_pairs(args.raw_dir, split, src, tgt)]
                           for split in ("train", "valid", "test"))
+    problem = removed_marker_problem(args, Path(args.raw_dir) / f"test.{tgt}", (r[3] for r in test))
+    if problem:
+        raise UserError(problem)
     train, valid, groups = split_by_length(train, valid, test, args.length_split)
     data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt)
     log(f"binarized {len(train)} train / {len(valid)} valid pairs; test groups "
@@ -145,11 +233,11 @@ def from_prepared_dir(args, work_dir, log):
     for step in PREPARE_STEPS:
         if not (work_dir / step / ".done").is_file():
             raise UserError(f"--prepared-dir {work_dir} has no complete {step}/ step ({step}/.done): "
-                             "run examples/wmt14_en_de/prepare.sh --work-dir on it first", status=1)
+                            "run examples/wmt14_en_de/prepare.sh --work-dir on it first", status=1)
     prepared_bin = work_dir / "data-bin"
     if not (prepared_bin / f"test.{src}-{tgt}.{src}.idx").is_file():
         raise UserError(f"--prepared-dir {work_dir} holds no {src}->{tgt} data-bin: give --source-lang and "
-                         "--target-lang as prepare.sh was given --src and --tgt", status=1)
+                        "--target-lang as prepare.sh was given --src and --tgt", status=1)
     bpe_type = ((prepared_bin / "bpe_type").read_text().strip() if (prepared_bin / "bpe_type").is_file()
                 else "subword_nmt")
     if bpe_type not in REMOVE_BPE:
@@ -205,8 +293,8 @@ def from_data_bin(args, log):
                             status=1)
     if src_dict.read_bytes() != tgt_dict.read_bytes():
         raise UserError(f"--data-bin {data_bin} has separate source and target dictionaries, but the recipe "
-                         "(examples/wmt14_en_de/train.sh) shares all embeddings: binarize with fairseq-preprocess "
-                         "--joined-dictionary, or give the text with --raw-dir or --prepared-dir", status=1)
+                        "(examples/wmt14_en_de/train.sh) shares all embeddings: binarize with fairseq-preprocess "
+                        "--joined-dictionary, or give the text with --raw-dir or --prepared-dir", status=1)
     groups_file = data_bin / GROUPS_FILE
     if groups_file.is_file() and args.gen_subset == "test":
         groups = json.loads(groups_file.read_text())

@@ -16,6 +16,9 @@ scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++
   validation loss, parameters, training speed; BLEU by source length; each decode's decoding time;
 * ``results.json`` -- every number of every run, and the significance tests;
 * ``valid_loss.png``, ``bleu_by_length.png``;
+* ``text/`` and ``data-bin/`` where it binarizes the corpus itself, marked as its own: it replaces
+  no text/ or data-bin/ it did not make, and writes into no prepare.sh work dir and over none of
+  its inputs (refused before any work, docs/harness.md);
 * ``runs/VARIANT/seedN/``: ``train.log`` (written as the training runs), ``generate*.log``, the
   hypotheses, ``result.json``. A rerun reuses finished runs made with the same settings, and the
   trained model of a run whose decoding settings alone changed (only the changed decodes are made),
@@ -71,6 +74,8 @@ from fairseq_rope_tools.cli import (
     ArgumentParser,
     CommandFailed,
     UserError,
+    children_end_with_this_process,
+    command,
     duration,
     plugin_dir,
     run_logged,
@@ -105,6 +110,7 @@ SIZES = {
                   "transformer_rpe": "transformer_rpe_wmt_en_de"},
 }
 PASS_THROUGH = ("--train-args", "--generate-args")
+QUICKSTART_DEFAULTS = {"corpus_train_size": 20000, "corpus_seed": 1, "corpus_bpe_size": 2000}
 _print_lock = threading.Lock()
 
 
@@ -253,6 +259,8 @@ def wanted_decodes(args, variant):
     if args.ctranslate2_length_buckets is not None and VARIANTS[variant][0] == "transformer_rope":
         wanted[CT2_BUCKETS] = {**decode_settings(args, None), "engine": "ctranslate2",
                                "length_buckets": args.ctranslate2_length_buckets}
+        if args.rope_scaling_original_length:  # the buckets' training length, as for fairseq's decodes
+            wanted[CT2_BUCKETS]["rope_scaling_original_length"] = args.rope_scaling_original_length
     return wanted
 
 
@@ -262,9 +270,11 @@ def decode_with_ctranslate2(args, data, checkpoint, settings, log_path, name, sl
     --max-len-b tokens (--max-len-a is 0: CTranslate2 caps lengths absolutely)."""
     export_dir, out = run_dir / "ct2_length_buckets", run_dir / f"hyp{CT2_BUCKETS}.bpe.txt"
     stats_file = run_dir / f"speed{CT2_BUCKETS}.json"
+    training_length = settings.get("rope_scaling_original_length")
     log(f"{name}: exporting to CTranslate2, a model per length bucket")
     run_logged(["fairseq-rope-export", "--checkpoint", checkpoint, "--data-bin", data.data_bin, "--output-dir",
-                export_dir, "--length-buckets", *settings["length_buckets"], "--if-changed", "--force"], log_path)
+                export_dir, "--length-buckets", *settings["length_buckets"], "--if-changed", "--force",
+                *(["--rope-scaling-original-length", training_length] if training_length else [])], log_path)
     log(f"{name}: decoding {args.gen_subset} with CTranslate2")
     run_logged(["fairseq-rope-translate", "--model-dir", export_dir, "--data-bin", data.data_bin,
                 "--src", args.source_lang, "--tgt", args.target_lang, "--input-format", "bpe", "--output-format", "bpe",
@@ -536,6 +546,39 @@ def check_extrapolation_scalings(p, specs) -> None:
                     f"or {' or '.join(per_sentence)} alone; got {spec!r}")
 
 
+def check_options_take_effect(p, args) -> None:
+    """An option that would change nothing is refused, not ignored: the user believes it did."""
+    rope = [v for v in args.variants if VARIANTS[v][0] == "transformer_rope"]
+    if (args.extrapolation_scaling or args.ctranslate2_length_buckets is not None) and not rope:
+        p.error("--extrapolation-scaling and --ctranslate2-length-buckets decode the RoPE variants only, and "
+                "--variants names none: add rope (roper, rope_linear), or drop them")
+    if args.rope_scaling_original_length is not None:
+        if args.rope_scaling_original_length <= 0:
+            p.error(f"--rope-scaling-original-length must be a number of tokens > 0, got "
+                    f"{args.rope_scaling_original_length}")
+        if args.ctranslate2_length_buckets is None and not any(
+                needs_training_length(spec) for spec in args.extrapolation_scaling):
+            p.error("--rope-scaling-original-length is read only by yarn and the dynamic kinds of "
+                    "--extrapolation-scaling and by --ctranslate2-length-buckets, and none is asked for: "
+                    "add one, or drop it")
+    if args.gen_subset != "test" and not args.data_bin:
+        p.error(f"--gen-subset {args.gen_subset}: the references of --raw-dir, --prepared-dir and "
+                "--quickstart-corpus are their test set's; decode another subset of a --data-bin")
+    given = ["--" + name.replace("_", "-") for name in QUICKSTART_DEFAULTS if getattr(args, name) is not None]
+    if given and not args.quickstart_corpus:
+        p.error(f"{', '.join(given)}: the options of --quickstart-corpus, which is not asked for; drop them")
+    for name, default in QUICKSTART_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
+def needs_training_length(spec) -> bool:
+    """Whether --extrapolation-scaling SPEC reads the training length L (yarn, the dynamic kinds)."""
+    from fairseq_rope.modules.rope_scaling import scaling_spec
+
+    return scaling_spec(spec.partition(":")[0]).needs_training_length
+
+
 def parse_args(argv=None):
     p = ArgumentParser(description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -547,9 +590,9 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--source-lang", default="en")
     p.add_argument("--target-lang", default="de")
-    p.add_argument("--corpus-train-size", type=int, default=20000, help="--quickstart-corpus training pairs")
-    p.add_argument("--corpus-seed", type=int, default=1)
-    p.add_argument("--corpus-bpe-size", type=int, default=2000, help="--quickstart-corpus BPE merges")
+    p.add_argument("--corpus-train-size", type=int, help="--quickstart-corpus training pairs (default 20000)")
+    p.add_argument("--corpus-seed", type=int, help="--quickstart-corpus seed (default 1)")
+    p.add_argument("--corpus-bpe-size", type=int, help="--quickstart-corpus BPE merges (default 2000)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--baseline", default="sinusoidal", choices=list(VARIANTS),
                    help="the variant every other one is tested against (default sinusoidal)")
@@ -607,6 +650,7 @@ def parse_args(argv=None):
         if args.data_bin:
             p.error("--ctranslate2-length-buckets needs the test source as text: --prepared-dir, "
                     "--quickstart-corpus or --raw-dir, not --data-bin")
+    check_options_take_effect(p, args)
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")
@@ -630,16 +674,24 @@ def parse_args(argv=None):
     return args
 
 
+def harness_outputs(args):
+    """Everything the harness writes in --out-dir, by how a message names it."""
+    written = {f"--out-dir's {name}": args.out_dir / name for name in ("runs/", *compare_report.WRITTEN)}
+    return {**written, **compare_data.written_paths(args)}
+
+
+@command
 def main(argv=None):
     args = parse_args(argv)
     args.out_dir = args.out_dir.resolve()
+    problem = compare_data.out_dir_problem(args, harness_outputs(args))
+    if problem:
+        raise UserError(problem)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    with children_end_with_this_process():
         data = compare_data.prepare(args, log)
         results = run_all(args, data)
-        report = compare_report.build(args, data, results)
-    except (UserError, CommandFailed) as e:
-        sys.exit(f"error: {e}")
+    report = compare_report.build(args, data, results)
     compare_report.write(args, report)
     log(f"wrote {args.out_dir / 'results.md'}, results.json and the plots")
     print((args.out_dir / "results.md").read_text())

@@ -11,6 +11,7 @@ from fairseq_rope_tools.research import significance
 from fairseq_rope_tools.text_lines import read_lines
 
 METRICS = {"bleu": "tok_bleu", "sacrebleu": "sacrebleu", "chrf": "chrf"}  # result.json key -> test key
+WRITTEN = ("results.md", "results.json", "valid_loss.png", "bleu_by_length.png")  # what write() makes in --out-dir
 
 
 def rows_of(results):

@@ -62,8 +62,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fairseq_rope.modules.fused_rotary import FUSED_SWITCH
-from fairseq_rope_tools.cli import ArgumentParser, CommandFailed, run_logged, sayer
-from fairseq_rope_tools.files import output_dir_problem, write_text_atomically
+from fairseq_rope_tools.cli import (
+    ArgumentParser,
+    CommandFailed,
+    UserError,
+    children_end_with_this_process,
+    command,
+    run_logged,
+    sayer,
+)
+from fairseq_rope_tools.files import output_dir_problem, outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
 from fairseq_rope_tools.research import compare_data
@@ -535,9 +543,7 @@ def guarded(name, fn):
         if isinstance(section, dict):
             section.setdefault("seconds_taken", round(time.time() - started, 1))
         return section
-    except (Exception, SystemExit) as e:  # the helpers stop with sys.exit(message)
-        if isinstance(e, SystemExit) and e.code in (0, None):
-            raise
+    except Exception as e:
         say(f"{name} failed: {e}")
         return {"status": "failed", "error": str(e).strip() or type(e).__name__,
                 "traceback": traceback.format_exc(limit=4)}
@@ -706,6 +712,14 @@ def parse_args(argv):
         p.error(problem)
     if args.data_bin and not (Path(args.data_bin) / f"dict.{args.src}.txt").is_file():
         p.error(f"--data-bin {args.data_bin} has no dict.{args.src}.txt: give a fairseq data-bin (and --src/--tgt)")
+    out_dir = Path(args.out_dir)
+    # what a run deletes and rewrites: the trainings, the exports, the report
+    written = {"--out-dir's work/runs": out_dir / "work" / "runs", "--out-dir's work/ct2": out_dir / "work" / "ct2",
+               "--out-dir's report.json": out_dir / "report.json", "--out-dir's report.md": out_dir / "report.md",
+               "--out-dir's losses.png": out_dir / "losses.png"}
+    problem = outputs_over_inputs_problem(written, {"--data-bin": args.data_bin})
+    if problem:
+        p.error(problem)
     return p, args
 
 
@@ -751,6 +765,7 @@ def run_checks(args, device, sizes, out_dir, data_bin_ready, report, progress):
         training, data_bin, work_dir, device, sizes, args.threads, decodes))
 
 
+@command
 def main(argv=None):
     p, args = parse_args(argv)
     if args.device_worker:
@@ -759,8 +774,8 @@ def main(argv=None):
 
     if not args.tiny and not torch.cuda.is_available():
         reason = "torch was built without CUDA" if torch.version.cuda is None else "torch sees no GPU"
-        p.exit(2, f"no CUDA device: {reason} (torch {torch.__version__}); run on a CUDA machine, or pass --tiny "
-                  "to check the plumbing on the CPU\n")
+        raise UserError(f"no CUDA device: {reason} (torch {torch.__version__}); run on a CUDA machine, or pass "
+                        "--tiny to check the plumbing on the CPU")
     device, sizes = ("cpu", TINY) if args.tiny else ("cuda", FULL)
     out_dir = Path(args.out_dir).resolve()
     (out_dir / "work").mkdir(parents=True, exist_ok=True)
@@ -772,7 +787,7 @@ def main(argv=None):
         try:
             return quickstart_data_bin(out_dir / "work", sizes, args.threads)
         except CommandFailed as e:
-            p.exit(1, f"{p.prog}: error: preparing the quickstart corpus failed: {e}\n")
+            raise UserError(f"preparing the quickstart corpus failed: {e}", status=1) from None
 
     started = time.time()
     report = {"tiny": args.tiny, "complete": False,
@@ -783,7 +798,8 @@ def main(argv=None):
         write_text_atomically(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
         write_text_atomically(out_dir / "report.md", markdown(report))
 
-    run_checks(args, device, sizes, out_dir, data_bin_ready, report, write_report)
+    with children_end_with_this_process():  # its trainings and decodes, also if it is killed
+        run_checks(args, device, sizes, out_dir, data_bin_ready, report, write_report)
     report["complete"] = True
     write_report()
     say(f"report: {out_dir / 'report.md'} ({report['seconds']} s)")
@@ -791,4 +807,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

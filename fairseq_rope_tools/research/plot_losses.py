@@ -12,9 +12,9 @@ and prints its path.
 
 import argparse
 import os
-import sys
 
-from fairseq_rope_tools.files import write_atomically
+from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.files import outputs_over_inputs_problem, write_atomically
 from fairseq_rope_tools.training_log import parse_train_log
 
 
@@ -55,6 +55,7 @@ def plot(runs, output, title=None):
         plt.close(fig)
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="*", help="fairseq-train log file(s)")
@@ -67,12 +68,15 @@ def main(argv=None):
     logs = args.logs + args.log
     if not logs:
         p.error("give at least one log file")
+    problem = outputs_over_inputs_problem({"--output": args.output}, {"LOG": logs})
+    if problem:
+        raise UserError(problem)
     runs = []
     for i, path in enumerate(logs):
         train, valid = parse_log(path, args.subset)
         if not train and not valid:
-            sys.exit(f"error: no train_inner or valid lines in {path}; was it written by fairseq-train "
-                     "with --log-format simple?")
+            raise UserError(f"no train_inner or valid lines in {path}; was it written by fairseq-train "
+                            "with --log-format simple?", status=1)
         label = (args.label[i] if i < len(args.label)
                  else os.path.basename(os.path.dirname(path)) if len(logs) > 1 else "")
         runs.append((label, train, valid))

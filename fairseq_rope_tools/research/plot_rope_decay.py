@@ -11,6 +11,7 @@ import logging
 import torch
 
 from fairseq_rope.modules.rotary import inverse_frequencies
+from fairseq_rope_tools.cli import command
 
 
 def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 10000.0):
@@ -22,6 +23,7 @@ def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 1000
     return partial_sums.abs().mean(dim=-1)
 
 
+@command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="PNG to write")
