@@ -4,7 +4,8 @@ Since torch 2.6 ``torch.load`` refuses any pickled class that is not allow-liste
 checkpoints hold an ``argparse.Namespace`` (the model arguments) and, after ``--eval-bleu`` or
 ``--best-checkpoint-metric`` runs, numpy scalars and small numeric numpy arrays (BLEU n-gram
 counts in the saved meters). ``patches`` allow-lists exactly those types -- nothing is loaded
-with ``weights_only=False``.
+with ``weights_only=False``. torch before 2.4 has no allow-list (``add_safe_globals``), and
+before 2.6 does not load with ``weights_only=True`` unless asked to: there, nothing is needed.
 """
 
 import argparse
@@ -24,3 +25,10 @@ def _numpy_types():
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_types()]
 
+
+def allow_fairseq_checkpoint_types(serialization) -> None:
+    """Allow-list :data:`FAIRSEQ_CHECKPOINT_GLOBALS` in ``serialization`` (``torch.serialization``),
+    where it has an allow-list (torch >= 2.4)."""
+    add_safe_globals = getattr(serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:
+        add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)

@@ -6,6 +6,11 @@ patches wrap functions of :data:`FAIRSEQ_VERSIONS` only: with another fairseq, f
 as it is and one warning names each patch not applied; torch's and Python's apply whatever the
 version. :func:`install_patches` runs once; a replaced attribute is marked, so no import under
 another name wraps it twice.
+
+Besides the table, :func:`install_patches` filters out the warnings that fairseq's own
+code makes hydra and torch print (``third_party_warnings``), and registers the tokenizer and BPE
+that segment raw text as the recipe did (``text_encoders``: ``--tokenizer moses_normalized``,
+``--bpe subword_nmt_vocabulary``), with any fairseq.
 """
 
 import importlib
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from .batching import keep_last_batch
-from .checkpoint_safe_globals import FAIRSEQ_CHECKPOINT_GLOBALS
+from .checkpoint_safe_globals import allow_fairseq_checkpoint_types
 from .checkpoints import (
     AtomicCopyPathManager,
     atomic_torch_persistent_save,
@@ -25,6 +30,8 @@ from .checkpoints import (
 )
 from .config_values import one_line_excepthook
 from .save_dir_lock import verify_save_dir
+from .text_encoders import register_text_encoders
+from .third_party_warnings import quiet_third_party_warnings
 
 # 0.12.3.1: the fairseq-fixed fork this is tested with; 0.12.2 (the last release) and 0.12.3 (the
 # main branch it forks): the same code for every function wrapped here. Named one by one, not as
@@ -66,7 +73,7 @@ class Patch:
 PATCHES = (
     Patch("sys", "excepthook", one_line_excepthook,
           "a bad option is printed as one line with exit code 2, not as a traceback", fairseq=False),
-    Patch("torch.serialization", None, lambda serialization: serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS),
+    Patch("torch.serialization", None, allow_fairseq_checkpoint_types,
           "fairseq checkpoints load under torch.load(weights_only=True), torch's default", fairseq=False),
     Patch("fairseq.data.data_utils", "batch_by_size", keep_last_batch,
           "the last, partial batch: without it up to --required-batch-size-multiple - 1 sentences of each "
@@ -106,6 +113,8 @@ def install_patches() -> List[Patch]:
     if _installed:
         return []
     _installed = True
+    quiet_third_party_warnings()
+    register_text_encoders()
     supported = fairseq_version() in FAIRSEQ_VERSIONS
     skipped = [patch for patch in PATCHES if patch.fairseq and not supported]
     for patch in PATCHES:

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .config_values import OptionError, check_finite_positive
+from .modules.random_positions import check_range_factor
 from .modules.relative_position_attention import check_max_distance
 from .modules.rope_scaling import check_scaling, scaling_help, scaling_names, scaling_spec
 from .modules.rotary import LAYOUTS, rotary_dim_for
@@ -90,6 +91,12 @@ def _check_rope_values(args) -> None:
         raise OptionError("--rope-values cannot be combined with --attention-kind linear")
 
 
+def _check_random_positions(args) -> None:
+    check_range_factor(args.rope_random_positions)
+    if args.rope_random_positions != 1.0 and args.attention_kind == "linear":
+        raise OptionError("--rope-random-positions applies to softmax attention: drop it, or --attention-kind linear")
+
+
 PLUGIN_OPTIONS: Dict[str, PluginOption] = {option.name: option for option in (
     PluginOption("rope_theta", 10000.0, "RoPE base: theta_i = D^(-2(i-1)/d)", ROPE, type=float, metavar="D",
                  check=lambda args: check_finite_positive("--rope-theta", args.rope_theta)),
@@ -104,6 +111,10 @@ PLUGIN_OPTIONS: Dict[str, PluginOption] = {option.name: option for option in (
                  action="store_true", check=_check_rope_values),
     PluginOption("attention_kind", "softmax", "softmax, or linear: RoPE with linear attention (RoFormer eq. 19, "
                  "elu+1 features) in encoder and decoder self-attention", ROPE, choices=ATTENTION_KINDS),
+    PluginOption("rope_random_positions", 1.0, "R: in training, each sequence of n tokens takes, in encoder and "
+                 "decoder self-attention, the positions of an ordered random sample of n from 0 .. ceil(R n) - 1 "
+                 "(Ruoss et al. 2023), so that longer relative distances are seen without longer data; inference "
+                 "keeps 0 .. n - 1; 1: off", ROPE, type=float, metavar="R", check=_check_random_positions),
     PluginOption("rope_scaling", "none", scaling_help, ROPE, INFERENCE, choices=scaling_names,
                  check=_check_scaling),
     PluginOption("rope_scaling_factor", 1.0, "length extension factor s >= 1 for --rope-scaling", ROPE, INFERENCE,

@@ -127,9 +127,15 @@ def sigterm_unwinds():
 
 
 def plugin_dir() -> str:
-    """The directory of the installed plugin, for fairseq's ``--user-dir`` (found without
-    importing it, which would load torch and fairseq)."""
-    return importlib.util.find_spec("fairseq_rope").submodule_search_locations[0]
+    """The directory of the plugin this Python imports, for fairseq's ``--user-dir``: the same
+    from any working directory, for a regular and an editable install (fairseq finds a bare
+    ``--user-dir fairseq_rope`` only in the working directory or next to its own package). Found
+    without importing the plugin, which would load torch and fairseq."""
+    spec = importlib.util.find_spec("fairseq_rope")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"this Python ({sys.executable}) has no fairseq_rope: install the package into its "
+                        "environment (docs/usage.md#install)")
+    return os.path.abspath(spec.submodule_search_locations[0])
 
 
 class ArgumentParser(argparse.ArgumentParser):

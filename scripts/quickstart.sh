@@ -116,7 +116,8 @@ fi
 
 # 4. average
 say "4/6 averaging the last $NUM_AVG checkpoints"
-SAVE_DIR="$SAVE_DIR" NUM="$NUM_AVG" KIND=update OUTPUT="$SAVE_DIR/checkpoint.avg$NUM_AVG.pt" \
+# WORK_DIR: the prepared data, whose dictionaries and BPE the pretrained layout beside the average takes
+WORK_DIR="$PREP" SAVE_DIR="$SAVE_DIR" NUM="$NUM_AVG" KIND=update OUTPUT="$SAVE_DIR/checkpoint.avg$NUM_AVG.pt" \
     bash "$RECIPE/average.sh" 2>&1 | grep -v -e tensorboardX -e '^  ' || true
 [[ -f "$SAVE_DIR/checkpoint.avg$NUM_AVG.pt" ]] || die "averaging failed"
 
@@ -173,8 +174,10 @@ if [[ "$CT2_OK" == 1 ]]; then
     engine_row fairseq "$EVAL_DIR"
     engine_row ctranslate2 "$CT2_EVAL_DIR"
     echo "CTranslate2: $SAVE_DIR/ct2_avg$NUM_AVG"
-    echo "Translate:   fairseq-rope-translate --work-dir $PREP --model-dir $SAVE_DIR/ct2_avg$NUM_AVG FILE"
+    echo "Translate:   fairseq-rope-translate --model-dir $SAVE_DIR/ct2_avg$NUM_AVG FILE"
 fi
+PRETRAINED_DIR="$SAVE_DIR/pretrained_checkpoint.avg$NUM_AVG"
+[[ ! -d "$PRETRAINED_DIR" ]] || echo "Pretrained:  $PRETRAINED_DIR (fairseq-interactive, from_pretrained: its README.md)"
 echo "Hypotheses:  $EVAL_DIR/hyp.detok.de"
 echo "Loss plot:   $PNG"
 echo "Total time:  $(( $(date +%s) - START )) s"

@@ -5,6 +5,8 @@
 # Order matters on Python 3.11 (see docs/usage.md, "Install"):
 #   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
 #   deps by name -> tokenisers, scoring, plotting -> Triton -> this package (a regular install).
+# Into an environment that already has torch and fairseq, `pip install .` is enough instead
+# (docs/usage.md, "Into an existing environment").
 # A torch already present in the venv (for example a CUDA build a GPU user installed first) is
 # kept and pinned, so no later step can pull a second torch; so is the Triton it brought.
 set -euo pipefail
@@ -91,9 +93,10 @@ PYTHON
     pip_install -c "$CONSTRAINTS" --no-deps "$TRITON_SPEC"
 fi
 
-# A regular (not editable) install puts fairseq_rope/ next to fairseq/ in site-packages, where
-# fairseq resolves `--user-dir fairseq_rope` from any working directory, with the tools'
-# fairseq_rope_tools/ and their fairseq-rope-* commands.
+# A regular (not editable) install of the plugin fairseq_rope/, the tools' fairseq_rope_tools/
+# and their fairseq-rope-* commands (fairseq-rope-user-dir: the plugin's directory for --user-dir).
+# --no-deps: the steps above installed what pyproject.toml lists, and what fairseq needs, which it
+# does not list (tests/test_install.py checks that nothing is missing).
 log "installing fairseq_rope and fairseq_rope_tools"
 rm -rf "$ROOT/build"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps --force-reinstall "$ROOT"

@@ -97,15 +97,14 @@ def test_resume_from_checkpoint_last(trained, tmp_path):
 
 
 def test_works_from_any_directory_after_install(trained, tmp_path):
-    """fairseq resolves `--user-dir fairseq_rope` next to its own package when it is not in cwd."""
-    import fairseq
-
-    installed = Path(fairseq.__file__).parent.parent / "fairseq_rope"
-    assert installed.is_dir(), "fairseq_rope is not installed next to fairseq: run `make setup`"
+    """The documented `--user-dir "$(fairseq-rope-user-dir)"` names the installed plugin from any
+    working directory (a second environment, regular and editable: test_install.py)."""
+    installed = Path(run_cli(["fairseq-rope-user-dir"], cwd=tmp_path).stdout.strip())
+    assert installed != REPO / "fairseq_rope" and installed.is_dir(), "fairseq_rope is not installed: run `make setup`"
     stale = filecmp.dircmp(REPO / "fairseq_rope", installed)
     assert not stale.diff_files, f"installed fairseq_rope is stale ({stale.diff_files}): run `make setup`"
     data_bin, save_dir, _ = trained
-    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--cpu",
+    proc = run_cli(["bash", "-c", 'fairseq-generate "$0" --user-dir "$(fairseq-rope-user-dir)" "$@"', data_bin, "--cpu",
                     "--path", save_dir / "checkpoint_last.pt", "--beam", "4", "--lenpen", "0.6",
                     "--batch-size", "16", "--max-sentences", "16"], cwd=tmp_path)
     assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) == count_test_sentences(data_bin)
@@ -115,8 +114,9 @@ def test_hub_interface_translates(trained, tmp_path):
     data_bin, save_dir, _ = trained
     script = (
         "from fairseq.models.transformer import TransformerModel\n"
+        "from fairseq_rope_tools.user_dir import plugin_dir\n"
         f"m = TransformerModel.from_pretrained({str(save_dir)!r}, checkpoint_file='checkpoint_last.pt',"
-        f" data_name_or_path={str(data_bin)!r}, user_dir='fairseq_rope', beam=4, lenpen=0.6,"
+        f" data_name_or_path={str(data_bin)!r}, user_dir=plugin_dir(), beam=4, lenpen=0.6,"
         " source_lang='en', target_lang='de')\n"
         "print('MODEL', type(m.models[0]).__name__)\n"
         "print('OUT', m.translate('w1 w2 w3 w4'))\n"

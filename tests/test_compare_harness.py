@@ -45,6 +45,7 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     args = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out,
             "--variants", "rope", "sinusoidal", *TINY_RUN, "--length-split", "6",
             "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3", "dynamic-yarn",
+            "--joined-groups", "2", "3", "4",
             # single options as values, the documented way
             "--generate-args", "--remove-bpe", "--train-args", "--report-accuracy"]
     proc = run_cli(args, timeout=400)
@@ -62,13 +63,13 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     lengths = lambda path: [len(line.split()) for line in path.read_text().splitlines()]  # noqa: E731
     assert max(lengths(out / "text" / "train.en")) <= 6 and max(lengths(out / "text" / "valid.de")) <= 6
     groups = json.loads((out / "data-bin" / "test_groups.json").read_text())
-    assert list(groups) == ["test <= 6", "test > 6", "test x2", "test x3"]
+    assert list(groups) == ["test <= 6", "test > 6", "test x2", "test x3", "test x4"]
     test_lengths = lengths(out / "text" / "test.en")
     (a, b), (c, d) = groups["test <= 6"], groups["test > 6"]
     assert all(n <= 6 for n in test_lengths[a:b]) and all(n > 6 for n in test_lengths[c:d])
-    x3 = groups["test x3"]
+    x3, x4 = groups["test x3"], groups["test x4"]
     assert min(test_lengths[x3[0]:x3[1]]) >= 6  # three sentences of at least 2 tokens
-    assert x3[1] == len(test_lengths)
+    assert x4[1] == len(test_lengths) and x4[1] - x4[0] == 43 // 4
 
     report = json.loads((out / "results.json").read_text())["results"]
     rope, sinusoidal = report["rope"][0], report["sinusoidal"][0]
@@ -107,6 +108,29 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
         assert row in table
     for png in ("valid_loss.png", "bleu_by_length.png"):
         assert (out / png).read_bytes()[:8] == PNG
+
+    # the sentence-split oracle of every joined group: the decode's own single-sentence hypotheses
+    # joined as the sources were, against the group's references
+    parts = json.loads((out / "data-bin" / compare_data.JOINED_FILE).read_text())
+    assert list(parts) == ["test x2", "test x3", "test x4"]
+    refs = (out / "text" / "test.de").read_text().splitlines()
+    for suffix in ("", "+yarnx3"):
+        hyps = (run_dir / f"hyp{suffix}.tok.txt").read_text().splitlines()
+        decode = rope["decodes"][suffix]
+        assert set(decode["oracle"]) == set(parts)
+        for group, lines in parts.items():
+            start, end = groups[group]
+            assert [" ".join(refs[i] for i in joined) for joined in lines] == refs[start:end]
+            oracle, _ = harness.score_bleu.score_all([" ".join(hyps[i] for i in joined) for joined in lines],
+                                                     refs[start:end], refs[start:end], "de")
+            assert decode["oracle"][group]["bleu"] == oracle["tokenized_bleu_compound_split"]["score"]
+            assert decode["oracle"][group]["chrf"] == oracle["chrf++"]["score"]
+            for key in ("bleu", "chrf"):
+                score = decode["oracle"][group][key]
+                assert decode["oracle"][group]["ratio"][key] == (
+                    pytest.approx(decode[key][group] / score) if score else None)
+    assert "## Joined inputs against the sentence-split oracle" in table
+    assert "| variant | test x2 | test x3 | test x4 | test <= 6 |" in table
     report = json.loads((out / "results.json").read_text())
     assert report["baseline"] == "sinusoidal" and report["significance_signatures"]["tok_bleu"].startswith("nrefs:1")
     for group in groups:
@@ -765,3 +789,120 @@ def test_commands_still_running_when_the_harness_ends_are_ended(monkeypatch):
         if sleeper is not None:
             sleeper.kill()
             sleeper.wait()
+
+
+# ---------------------------------------------------------------- issue 38: long inputs
+
+def test_the_oracle_is_the_score_of_the_same_decodes_single_hypotheses_joined():
+    """A hand-built case: four test sentences decoded one by one (the first two perfectly), and
+    two joined pairs of them, of which the decode of the joined inputs kept the first half only.
+    The oracle of the pairs is the score of the single hypotheses joined in the order of the
+    sources, against the pairs' references; the ratio is the joined decode's share of it."""
+    class Args:
+        target_lang, length_buckets = "de", [4]
+
+    singles = ["das ist ein Haus", "wir gehen nach Hause", "der Hund schläft heute", "sie liest ein Buch"]
+    pairs = [f"{singles[0]} {singles[1]}", f"{singles[2]} {singles[3]}"]
+    refs = singles + pairs
+    single_hyps = [singles[0], singles[1], "der Hund schläft", "sie liest das Buch heute"]
+    hyps = single_hyps + ["das ist ein Haus", "der Hund schläft heute sie liest"]
+    rows = [(r, h, r) for h, r in zip(hyps, refs)]
+    data = compare_data.TestData(None, {"test <= 4": [0, 4], "test x2": [4, 6]}, refs, refs, [],
+                                 joined={"test x2": [[0, 1], [2, 3]]})
+    scores, _ = harness.score_decode(Args, data, rows, refs, refs)
+    oracle = scores["oracle"]["test x2"]
+    expected, _ = harness.score_bleu.score_all([f"{single_hyps[0]} {single_hyps[1]}", f"{single_hyps[2]} {single_hyps[3]}"],
+                                               pairs, pairs, "de")
+    assert oracle["bleu"] == expected["tokenized_bleu_compound_split"]["score"]
+    assert oracle["sacrebleu"] == expected["sacrebleu"]["score"] and oracle["chrf"] == expected["chrf++"]["score"]
+    assert 0 < scores["bleu"]["test x2"] < oracle["bleu"] < 100
+    for key in ("bleu", "sacrebleu", "chrf"):
+        assert oracle["ratio"][key] == pytest.approx(scores[key]["test x2"] / oracle[key])
+    assert set(scores["oracle"]) == {"test x2"}  # the single sentences' own group has none
+    # all single sentences perfect: the oracle is the references themselves
+    perfect = [(r, r, r) for r in singles] + rows[4:]
+    assert harness.score_decode(Args, data, perfect, refs, refs)[0]["oracle"]["test x2"]["bleu"] == pytest.approx(100)
+
+
+def test_joined_groups_know_the_single_sentences_they_join():
+    lengths = [2, 5, 3, 6, 1, 4, 7, 2, 3, 5, 2]
+    test = [(f"s{i}", f"t{i}", " ".join(["w"] * n), " ".join(["v"] * n), f"raw{i}") for i, n in enumerate(lengths)]
+    _, _, groups, parts = compare_data.split_by_length(test[:1], test[:1], test, 3, joined=[2, 3, 6, 12])
+    assert [name for name, _ in groups] == ["test <= 3", "test > 3", "test x2", "test x3", "test x6"]
+    assert list(parts) == ["test x2", "test x3", "test x6"]  # 11 sentences make no group of 12
+    lines = [row for _, rows in groups for row in rows]
+    singles = len(test)
+    for name, rows in groups[2:]:
+        assert len(parts[name]) == len(rows) == len(test) // int(name[len("test x"):])
+        for row, joined in zip(rows, parts[name]):
+            assert all(line < singles for line in joined)  # lines of the single-sentence groups
+            assert row == tuple(" ".join(lines[line][field] for line in joined) for field in range(5))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--joined-groups", "2", "6"], "--joined-groups names the test groups of --length-split, which is not asked"),
+    (["--length-split", "8", "--joined-groups", "1", "6"], "--joined-groups: each is a number N >= 2"),
+    (["--concat-max-sentences", "3"], "--concat-max-sentences is read by the variants sinusoidal_concat rope_concat "
+                                      "rope_concat_randpos, and --variants names none"),
+    (["--concat-prob", "0.5"], "--concat-prob is read by the variants"),
+    (["--rope-random-positions", "4"], "--rope-random-positions is read by the variants rope_randpos "
+                                       "rope_concat_randpos"),
+    (["--variants", "rope_concat", "--baseline", "rope_concat", "--concat-max-sentences", "1"],
+     "--concat-max-sentences must be a number K >= 2"),
+    (["--variants", "rope_concat", "--baseline", "rope_concat", "--concat-prob", "0"], "--concat-prob must be"),
+    (["--variants", "rope_randpos", "--baseline", "rope_randpos", "--rope-random-positions", "1"],
+     "--rope-random-positions must be a number R > 1"),
+])
+def test_options_of_the_long_input_recipes_that_would_change_nothing_are_refused(capsys, bad, message):
+    with pytest.raises(SystemExit) as stop:
+        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_long_input_recipes_train_through_the_recipes_knob_and_the_plugins_flag():
+    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8", "--joined-groups", "8", "2",
+                               "6", "3", "--variants", "rope", "sinusoidal_concat", "rope_concat",
+                               "rope_concat_randpos", "--baseline", "rope_concat", "--concat-prob", "0.3",
+                               "--extrapolation-scaling", "dynamic-yarn"])
+    assert args.joined_groups == [2, 3, 6, 8] and args.variants[0] == "rope_concat"
+    concat = harness.run_settings(args, "rope_concat", 1)
+    assert concat["arch"] == "transformer_rope_tiny" and concat["flags"] == []
+    assert concat["recipe_env"]["CONCAT_MAX_SENTENCES"] == "3" and concat["recipe_env"]["CONCAT_PROB"] == "0.3"
+    assert harness.run_settings(args, "sinusoidal_concat", 1)["arch"] == "transformer_tiny"
+    both = harness.run_settings(args, "rope_concat_randpos", 1)
+    assert both["flags"] == ["--rope-random-positions", "4"] and both["recipe_env"] == concat["recipe_env"]
+    # the encodings' runs have the settings they had: a rerun reuses their trained models
+    plain = harness.run_settings(args, "rope", 1)
+    assert plain["flags"] == [] and not any(k.startswith("CONCAT") for k in plain["recipe_env"])
+    # the joined groups decide the test set: a decode of other groups is made again
+    assert harness.decode_settings(args, None)["joined_groups"] == [2, 3, 6, 8]
+    assert set(harness.extra_decodes(args, "rope_concat_randpos")) == {"", "+dynamic-yarn"}
+    assert set(harness.extra_decodes(args, "sinusoidal_concat")) == {""}
+    default = harness.parse_args(["--raw-dir", "x", "--out-dir", "o"])
+    assert default.variants == ["sinusoidal", "learned", "none", "rpe", "rope", "roper", "rope_linear"]
+    assert "joined_groups" not in harness.decode_settings(default, None)  # no length split: no groups
+    assert harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8"]).joined_groups == [2, 3]
+
+
+@pytest.mark.e2e
+def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
+    """rope_concat_randpos trains through train.sh's concatenation knob with the plugin's
+    --rope-random-positions, and is decoded and scored with the oracle like any variant."""
+    import torch
+
+    out = tmp_path / "compare"
+    run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", "rope_concat_randpos",
+             "--baseline", "rope_concat_randpos", *TINY_RUN, "--length-split", "6", "--joined-groups", "2",
+             "--concat-prob", "1", "--rope-random-positions", "3"], timeout=400)
+    run_dir = out / "runs" / "rope_concat_randpos" / "seed1"
+    train_log = (run_dir / "train.log").read_text()
+    assert "CONCAT_MAX_SENTENCES=3" in train_log.splitlines()[0] and "CONCAT_PROB=1" in train_log.splitlines()[0]
+    assert "train.sh --rope-random-positions 3" in train_log.splitlines()[0]
+    assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in train_log
+    cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
+    assert cfg["task"]["_name"] == "translation_concat" and cfg["model"].rope_random_positions == 3.0
+    assert cfg["model"].rope_trained_length > 7  # pairs of at most 6 words (+ EOS) were joined
+    run = json.loads((out / "results.json").read_text())["results"]["rope_concat_randpos"][0]
+    assert set(run["decodes"][""]["oracle"]) == {"test x2"}
+    table = (out / "results.md").read_text()
+    assert "`rope_concat_randpos`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table

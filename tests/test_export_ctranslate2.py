@@ -4,6 +4,7 @@ the sinusoidal baseline); a wrong rotary setting breaks that; unsupported models
 before anything is written."""
 
 import json
+import math
 import re
 
 import pytest
@@ -41,13 +42,16 @@ def trained(tiny_data_bin, tmp_path_factory):
 
 
 def fairseq_generate(data_bin, checkpoint, beam, *extra):
-    """{sentence id: (source, hypothesis, reference)} as fairseq-generate prints them (tokens)."""
+    """{sentence id: (source, hypothesis, reference, log-probabilities)} as fairseq-generate prints
+    them: tokens, and the natural log-probability of each hypothesis token and its </s> (printed in
+    base 2, to 4 decimals)."""
     proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--path", checkpoint, "--cpu",
                     "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra])
     lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", proc.stdout, re.M)}
-             for kind in "SHT"}
-    assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys()
-    return {i: (lines["S"][i], lines["H"][i], lines["T"][i]) for i in lines["S"]}
+             for kind in "SHTP"}
+    assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys() == lines["P"].keys()
+    return {i: (lines["S"][i], lines["H"][i], lines["T"][i], [float(p) * math.log(2) for p in lines["P"][i]])
+            for i in lines["S"]}
 
 
 def ct2_translate(model_dir, sources, beam):
@@ -103,6 +107,18 @@ def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp
 
 
 @pytest.mark.e2e
+def test_yarn_with_partial_rotation_equals_the_generate_time_override(trained, tmp_path):
+    """YaRN's temperature multiplies the whole query, rotated channels and the others: folded into
+    the query and key projections, it is exported for --rope-fraction 0.5 too (CTranslate2's own
+    sin/cos multiplier would reach the rotated channels only)."""
+    data_bin, checkpoints = trained
+    yarn = {"rope_scaling": "yarn", "rope_scaling_factor": 2.0, "rope_scaling_original_length": 8}
+    out = exporter.export(str(checkpoints["rope_half_partial"]), str(data_bin), str(tmp_path / "yarn"), overrides=yarn)
+    same, _, _ = agreement(data_bin, checkpoints["rope_half_partial"], out, 1, "--model-overrides", repr(yarn))
+    assert same == 1.0
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("wrong", [{"rotary_interleave": False}, {"rotary_base": 500.0}])
 def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkeypatch, wrong):
     data_bin, checkpoints = trained
@@ -131,10 +147,6 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     ("transformer_rope_tiny", ["--rope-values"], "--rope-values"),
     ("transformer_rope_tiny", ["--attention-kind", "linear"], "--attention-kind linear"),
     ("transformer_rope_tiny", ["--rope-scaling", "ntk", "--rope-scaling-factor", "2"], "--rope-scaling ntk"),
-    ("transformer_rope_tiny", ["--rope-scaling", "yarn", "--rope-scaling-factor", "2", "--rope-fraction", "0.5",
-                               "--rope-scaling-original-length", "20"],
-     "--rope-scaling yarn with --rope-fraction 0.5: CTranslate2 applies the logit temperature to the rotated "
-     "channels only"),
     ("transformer_rope_tiny", ["--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", "20"],
      "--rope-scaling dynamic-yarn: the factor is chosen per sentence, and CTranslate2 has one rotary scaling for "
      "every sentence: export one static yarn per length bucket with --length-buckets"),

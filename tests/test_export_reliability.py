@@ -329,3 +329,51 @@ def test_a_killed_exports_workspaces_are_removed_by_the_next_export(capsys, work
     finally:
         os.close(fd)
     assert hidden(tmp_path) == sorted(p.name for p in [*others, running])
+
+
+# --- issue 36: the bundle ------------------------------------------------------------------------------
+def _prepared_work_dir(root):
+    """The bpe/ step of a work dir as prepare.sh leaves it (subword-nmt)."""
+    (root / "bpe").mkdir(parents=True)
+    (root / "bpe" / "codes").write_text("#version: 0.2\nw 1</w>\n")
+    (root / "bpe" / "vocab.en").write_text("w1 100\n")
+    (root / "bpe" / ".done").write_text("# prepare.sh step record v1\noption BPE=subword-nmt\n"
+                                        "option BPE_VOCAB_THRESHOLD=1\n")
+    return root
+
+
+def test_the_work_dirs_segmentation_is_bundled_and_if_changed_follows_it(capsys, work, tmp_path):
+    checkpoint, data_bin = work
+    work_dir, output_dir = _prepared_work_dir(tmp_path / "prepared"), tmp_path / "ct2"
+    status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--work-dir", str(work_dir))
+    assert status == 0 and lines[-1].endswith("a bundle with its segmentation (subword_nmt)"), lines
+    manifest = json.loads((output_dir / "bundle.json").read_text())
+    assert manifest["segmentation"]["codes"] == "bpe.codes" and manifest["segmentation"]["vocabulary_threshold"] == 1
+    assert (output_dir / "bpe.codes").read_bytes() == (work_dir / "bpe" / "codes").read_bytes()
+    status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--work-dir", str(work_dir), "--if-changed",
+                                "--force")
+    assert status == 0 and lines[-1].endswith("already: nothing to do")
+    # without the work dir the bundle would hold no segmentation: not the export asked for
+    status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--if-changed", "--force")
+    assert status == 0 and lines[-1].endswith("the model only, no work dir of prepare.sh beside --data-bin: raw text "
+                                              "will need fairseq-rope-translate --work-dir (or export with --work-dir)")
+    assert not (output_dir / "bpe.codes").exists()
+    export_main(capsys, checkpoint, data_bin, output_dir, "--work-dir", str(work_dir), "--force")
+    (work_dir / "bpe" / "codes").write_text("#version: 0.2\nw 2</w>\n")  # BPE learnt again
+    status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--work-dir", str(work_dir), "--if-changed",
+                                "--force")
+    assert status == 0 and lines[-1].startswith("wrote ")
+    assert (output_dir / "bpe.codes").read_bytes() == (work_dir / "bpe" / "codes").read_bytes()
+
+
+def test_a_work_dir_of_another_bpe_than_the_data_bins_is_refused(capsys, work, tmp_path):
+    checkpoint, data_bin = work
+    work_dir = _prepared_work_dir(tmp_path / "prepared")
+    (data_bin / ".done").write_text("# prepare.sh step record v1\noption SRC=en\noption TGT=de\n"
+                                    f"input bpe/codes 9 {'0' * 64} /elsewhere/bpe/codes\n")
+    status, lines = export_main(capsys, checkpoint, data_bin, tmp_path / "ct2", "--work-dir", str(work_dir))
+    assert_refused(status, lines, f"--work-dir {work_dir}: {work_dir / 'bpe' / 'codes'} is not the BPE that "
+                   f"--data-bin {data_bin} was binarized with")
+    status, lines = export_main(capsys, checkpoint, data_bin, tmp_path / "ct2", "--work-dir", str(tmp_path))
+    assert_refused(status, lines, f"--work-dir {tmp_path} has no complete bpe/ step (bpe/.done)")
+    assert not (tmp_path / "ct2").exists()

@@ -12,7 +12,13 @@ import pytest
 from conftest import run_cli
 
 from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition, ulps_off
-from fairseq_rope_tools.research import gpu_check
+from fairseq_rope_tools.research import (
+    gpu_check,
+    gpu_check_common,
+    gpu_check_kernel,
+    gpu_check_report,
+    gpu_check_training,
+)
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("triton")
@@ -37,7 +43,7 @@ def test_every_section_is_reported(tiny_report):
     report, md, out, _ = tiny_report
     for key in SECTIONS:
         assert key in report and report[key].get("status") != "failed", (key, report.get(key))
-    for _, title, _ in gpu_check.SECTIONS:
+    for _, title, _ in gpu_check_report.SECTIONS:
         assert f"\n## {title}\n" in md
     assert report["verdicts"] == {"kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": None,
                                   "CTranslate2 float32 identical to fairseq": True, "every step ran": True}
@@ -66,12 +72,12 @@ def test_training_losses_are_finite_and_half_precisions_are_skipped(tiny_report)
     runs = training["runs"]
     for model in ("rope", "sinusoidal"):
         run = runs[f"{model} fp32"]
-        assert run["status"] == "ok" and run["arch"] == gpu_check.TINY.archs[model]
+        assert run["status"] == "ok" and run["arch"] == gpu_check_common.TINY.archs[model]
         assert len(run["valid_curve"]) >= 2 and run["train_curve"][-1][0] == training["updates"]
         assert all(math.isfinite(loss) for _, loss, _ in run["valid_curve"])
         assert run["train_curve"][-1][1] < run["train_curve"][0][1]  # it learnt something
-        assert runs[f"{model} fp16"]["status"] == gpu_check.FP16_SKIPPED
-        assert runs[f"{model} bf16"]["status"] == gpu_check.BF16_SKIPPED
+        assert runs[f"{model} fp16"]["status"] == gpu_check_training.FP16_SKIPPED
+        assert runs[f"{model} bf16"]["status"] == gpu_check_training.BF16_SKIPPED
     assert training["fp16_verdict"]["pass"] is None
     assert "| rope fp32 | sinusoidal fp32 |" in tiny_report[1]
 
@@ -117,12 +123,12 @@ def test_ulps_and_peak_table():
     assert ulps_off(one + torch.finfo(torch.float16).eps, one).item() == 1.0
     two = torch.tensor([2.0], dtype=torch.bfloat16)
     assert ulps_off(torch.tensor([3.0]), two).item() == 2 ** 7 / 2
-    assert gpu_check.known_peak_bandwidth("NVIDIA H100 80GB HBM3") == (3350, "H100")
-    assert gpu_check.known_peak_bandwidth("NVIDIA GH200 480GB")[0] == 4000
-    assert gpu_check.known_peak_bandwidth("NVIDIA L40S")[0] == 864
-    assert gpu_check.known_peak_bandwidth("NVIDIA L4")[0] == 300
-    assert gpu_check.known_peak_bandwidth("NVIDIA A100-SXM4-40GB")[0] == 1555
-    assert gpu_check.known_peak_bandwidth("Some Future GPU") == (None, None)
+    assert gpu_check_kernel.known_peak_bandwidth("NVIDIA H100 80GB HBM3") == (3350, "H100")
+    assert gpu_check_kernel.known_peak_bandwidth("NVIDIA GH200 480GB")[0] == 4000
+    assert gpu_check_kernel.known_peak_bandwidth("NVIDIA L40S")[0] == 864
+    assert gpu_check_kernel.known_peak_bandwidth("NVIDIA L4")[0] == 300
+    assert gpu_check_kernel.known_peak_bandwidth("NVIDIA A100-SXM4-40GB")[0] == 1555
+    assert gpu_check_kernel.known_peak_bandwidth("Some Future GPU") == (None, None)
 
 
 @pytest.mark.parametrize("layout", ("interleaved", "half"))
@@ -160,29 +166,29 @@ def test_cancelling_pairs_are_judged_against_fp32_arithmetic(layout):
 
 def test_a_failed_step_or_run_fails_the_verdicts():
     runs = {"rope fp32": {"status": "ok", "final_valid_loss": 4.0}, "rope fp16": {"status": "failed", "error": "x"}}
-    report = {"kernel": {"pass": True}, "training": {"runs": runs, "fp16_verdict": gpu_check.loss_verdict(runs, 0.03)},
+    report = {"kernel": {"pass": True}, "training": {"runs": runs, "fp16_verdict": gpu_check_training.loss_verdict(runs, 0.03)},
               "ctranslate2": {"float32_identical_verdict": True}}
-    assert gpu_check.failed_steps(report) == ["rope fp16"]
-    assert gpu_check.verdicts(report) == {
+    assert gpu_check_report.failed_steps(report) == ["rope fp16"]
+    assert gpu_check_report.verdicts(report) == {
         "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": False,
         "CTranslate2 float32 identical to fairseq": True, "every step ran": False}
     # a check stopped midway: what it did not reach is "not run", not a failure
     partial = {"kernel": {"pass": True}, "training": {"runs": {}, "fp16_verdict": {"pass": True}}}
-    assert gpu_check.verdicts(partial) == {
+    assert gpu_check_report.verdicts(partial) == {
         "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": True,
         "CTranslate2 float32 identical to fairseq": None, "every step ran": None}
-    assert gpu_check.verdicts({"kernel": {"status": "failed", "error": "x"}})["kernel within tolerance"] is False
+    assert gpu_check_report.verdicts({"kernel": {"status": "failed", "error": "x"}})["kernel within tolerance"] is False
     runs["rope fp16"] = {"status": "ok", "final_valid_loss": 4.2}
-    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is False and gpu_check.loss_verdict(runs, 0.06)["pass"] is True
+    assert gpu_check_training.loss_verdict(runs, 0.03)["pass"] is False and gpu_check_training.loss_verdict(runs, 0.06)["pass"] is True
     # the baseline's own fp16 loss sets the bar: 5 % is no RoPE problem where sinusoidal loses 4 %
     runs.update({"sinusoidal fp32": {"status": "ok", "final_valid_loss": 5.0},
                  "sinusoidal fp16": {"status": "ok", "final_valid_loss": 5.2}})
-    verdict = gpu_check.loss_verdict(runs, 0.03)
+    verdict = gpu_check_training.loss_verdict(runs, 0.03)
     assert verdict["pass"] is True and verdict["allowed"] == 0.07 and verdict["sinusoidal_excess"] == 0.04
     runs["rope fp16"]["final_valid_loss"] = 4.3  # 7.5 %: above it
-    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is False
+    assert gpu_check_training.loss_verdict(runs, 0.03)["pass"] is False
     runs["rope fp16"]["final_valid_loss"] = 3.5  # fp16 better than fp32: no fp16 problem
-    assert gpu_check.loss_verdict(runs, 0.03)["pass"] is True
+    assert gpu_check_training.loss_verdict(runs, 0.03)["pass"] is True
 
 
 @pytest.mark.e2e
@@ -191,8 +197,8 @@ def test_a_report_written_midway_says_what_was_not_reached(tiny_report):
     time limit during CTranslate2) keeps what it found and says what it had not reached."""
     report = {key: value for key, value in tiny_report[0].items() if key not in ("generation", "speed", "ctranslate2")}
     report.update(complete=False, seconds=12.5)
-    report["verdicts"] = gpu_check.verdicts(report)
-    md = gpu_check.markdown(report)
+    report["verdicts"] = gpu_check_report.verdicts(report)
+    md = gpu_check_report.markdown(report)
     assert "**incomplete**: written 12.5 s into the check" in md
     assert md.count("not reached yet") == 3 and "| CTranslate2 float32 identical to fairseq | not run |" in md
     assert tiny_report[0]["complete"] is True and "incomplete" not in tiny_report[1]

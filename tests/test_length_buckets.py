@@ -5,7 +5,6 @@ sentences within the training length to the plain model."""
 
 import hashlib
 import json
-import math
 import shutil
 
 import pytest
@@ -13,16 +12,10 @@ import torch
 from conftest import run_cli, translate_in_process
 from test_export_ctranslate2 import EXPORT, agreement, ct2_translate, fairseq_generate
 
-from fairseq_rope.modules import rope_scaling
-from fairseq_rope.modules.rope_scaling import (
-    ctranslate2_logit_scale_positions,
-    ctranslate2_rotary_scaling,
-    ctranslate2_sin_cos_multiplier,
-    yarn_divisors,
-)
 from fairseq_rope.modules.rotary import inverse_frequencies, yarn_frequencies
+from fairseq_rope_tools.deploy import ctranslate2_engine, ctranslate2_scaling
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
-from fairseq_rope_tools.deploy import translate as translate_py
+from fairseq_rope_tools.deploy.ctranslate2_scaling import ctranslate2_rotary_scaling, yarn_divisors
 from fairseq_rope_tools.deploy.exported import (
     EXPORT_INFO,
     LENGTH_BUCKETS,
@@ -43,20 +36,6 @@ RAMP_L = 200
 
 
 # --- the arithmetic, in-process -----------------------------------------------------------------
-@pytest.mark.parametrize("s", [1.2, 1.5, 2.0, 3.0, 4.0, 8.0, 16.0])
-def test_the_logit_temperature_is_matched_to_float32(s):
-    target = (0.1 * math.log(s) + 1.0) ** 2
-    original, maximum = ctranslate2_logit_scale_positions(target)
-    assert 2 <= original < maximum < 2**31
-    assert ctranslate2_sin_cos_multiplier(original, maximum) ** 2 == pytest.approx(target, rel=1e-6)
-
-
-def test_a_temperature_too_close_to_one_for_int32_is_left_out_and_its_error_is_small():
-    target = (0.1 * math.log(1.1) + 1.0) ** 2  # would need L' of about e^36
-    assert ctranslate2_logit_scale_positions(target) == (0, 0)
-    assert target - 1.0 < 0.02
-
-
 def test_the_divisors_give_yarns_frequencies():
     for s in FACTORS:
         scaled, _ = yarn_frequencies(32, 10000.0, s, RAMP_L)
@@ -65,12 +44,16 @@ def test_the_divisors_give_yarns_frequencies():
         assert divisors[0] < 1.01 and divisors[-1] == pytest.approx(s)  # kept high, interpolated low
 
 
-def test_yarn_is_expressed_as_su_with_both_factor_lists_alike():
+def test_yarn_is_expressed_as_su_with_both_factor_lists_alike_and_its_temperature_in_the_weights():
     expressed = ctranslate2_rotary_scaling("yarn", 2.0, 32, 10000.0, RAMP_L)
-    assert expressed["rotary_scaling_type"] == "Su"
-    assert expressed["rotary_scaling_long_factor"] == expressed["rotary_scaling_short_factor"]
-    assert len(expressed["rotary_scaling_long_factor"]) == 16
-    assert ctranslate2_rotary_scaling("yarn", 1.0, 32, 10000.0, RAMP_L) == {}
+    assert expressed.attributes.keys() == {"rotary_scaling_type", "rotary_scaling_long_factor",
+                                           "rotary_scaling_short_factor"}  # no sin/cos multiplier of CTranslate2's
+    assert expressed.attributes["rotary_scaling_type"] == "Su"
+    assert expressed.attributes["rotary_scaling_long_factor"] == expressed.attributes["rotary_scaling_short_factor"]
+    assert len(expressed.attributes["rotary_scaling_long_factor"]) == 16
+    assert expressed.logit_multiplier == yarn_frequencies(32, 10000.0, 2.0, RAMP_L)[1] > 1.0
+    unscaled = ctranslate2_rotary_scaling("yarn", 1.0, 32, 10000.0, RAMP_L)
+    assert (unscaled.attributes, unscaled.logit_multiplier) == ({}, 1.0)
 
 
 @pytest.mark.parametrize("tokens, bucket", [(0, 0), (9, 0), (10, 1), (14, 1), (15, 2), (19, 2), (20, 3),
@@ -178,7 +161,7 @@ def test_translate_refuses_a_spoiled_bucket_by_name_before_loading_a_model(bucke
     """Case 2: fairseq-rope-translate checks each bucket's own records against the manifest."""
     out, _ = bucket_export
     spoil(out, tmp_path)
-    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
     (tmp_path / "in.txt").write_text("w1 w2\n")
     status, lines = translate_in_process(capsys, tmp_path / "in.txt", "--model-dir", out, "--input-format", "bpe",
                                     "--output-format", "bpe", "-o", tmp_path / "out.txt")
@@ -199,7 +182,7 @@ def test_translate_checks_every_buckets_vocabulary_against_the_data_bin(tmp_path
     data_bin.mkdir()
     for lang in ("en", "de"):
         (data_bin / f"dict.{lang}.txt").write_text("".join(f"{token} 1\n" for token in VOCABULARY[4:]))
-    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
     (tmp_path / "in.txt").write_text("w1 w2\n")
     status, lines = translate_in_process(capsys, tmp_path / "in.txt", "--model-dir", out, "--data-bin", data_bin,
                                     "--src", "en", "--tgt", "de", "--input-format", "bpe", "--output-format", "bpe",
@@ -267,6 +250,26 @@ def test_each_bucket_decodes_as_fairseq_generate_with_its_yarn_factor(trained, r
 
 
 @pytest.mark.e2e
+def test_yarn_keeps_its_logit_temperature_at_a_factor_close_to_one(trained, tmp_path):
+    """s = 1.1: YaRN's logit factor (0.1 ln 1.1 + 1)^2, 1.9 % above 1, is folded into the exported
+    query and key projections, as for every factor > 1: greedy identical to fairseq-generate, and
+    each token's log-probability as fairseq's to its printed precision. (Exported without the
+    factor, as when it went through CTranslate2's integer sin/cos multiplier, which has no pair
+    below s = 1.18: 2 of the 43 greedy translations differed, log-probabilities by up to 0.064.)"""
+    data_bin, checkpoint = trained
+    out = exporter.export(str(checkpoint), str(data_bin), str(tmp_path / "yarn_x1.1"), overrides={
+        "rope_scaling": "yarn", "rope_scaling_factor": 1.1, "rope_scaling_original_length": RAMP_L})
+    fairseq = fairseq_generate(data_bin, checkpoint, 1, *yarn_override(1.1))
+    ids = sorted(fairseq)
+    sources, hypotheses = [fairseq[i][0] for i in ids], [fairseq[i][1] for i in ids]
+    assert ct2_translate(out, sources, 1) == hypotheses
+    scored = ctranslate2.Translator(str(out), device="cpu", intra_threads=1).score_batch(sources, hypotheses)
+    assert [len(r.log_probs) for r in scored] == [len(fairseq[i][3]) for i in ids]  # each token and </s>
+    gap = max(abs(a - b) for i, r in zip(ids, scored) for a, b in zip(r.log_probs, fairseq[i][3]))
+    assert gap < 1e-4, gap  # fairseq prints log2 to 4 decimals: 3.5e-5 apart at most
+
+
+@pytest.mark.e2e
 def test_a_single_yarn_export_is_the_bucket_model_of_its_factor(trained, ramp_buckets, tmp_path):
     """--rope-scaling yarn --rope-scaling-factor S alone writes the very model of bucket S."""
     data_bin, checkpoint = trained
@@ -279,8 +282,8 @@ def test_a_single_yarn_export_is_the_bucket_model_of_its_factor(trained, ramp_bu
 @pytest.mark.e2e
 def test_a_reversed_ramp_breaks_the_equivalence(trained, tmp_path, monkeypatch):
     data_bin, checkpoint = trained
-    right = rope_scaling.yarn_divisors
-    monkeypatch.setattr(rope_scaling, "yarn_divisors", lambda *a: right(*a).flip(0))  # gamma_i reversed
+    right = ctranslate2_scaling.yarn_divisors
+    monkeypatch.setattr(ctranslate2_scaling, "yarn_divisors", lambda *a: right(*a).flip(0))  # gamma_i reversed
     out = exporter.export(str(checkpoint), str(data_bin), str(tmp_path / "reversed"),
                           overrides={"rope_scaling": "yarn", "rope_scaling_factor": 4.0,
                                      "rope_scaling_original_length": RAMP_L})
@@ -325,7 +328,7 @@ def test_translate_routes_each_sentence_to_its_bucket_and_short_ones_to_the_plai
     run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", data_bin, "--output-dir", buckets,
              "--length-buckets", "2", "--force"])
     assert [b["factor"] for b in read_bucket_manifest(buckets)["buckets"]] == [1.0, 2.0]
-    assert sorted(p.name for p in buckets.iterdir()) == [LENGTH_BUCKETS, "plain", "yarn_x2"]
+    assert sorted(p.name for p in buckets.iterdir()) == ["bundle.json", LENGTH_BUCKETS, "plain", "yarn_x2"]
 
 
 @pytest.mark.e2e

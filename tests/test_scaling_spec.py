@@ -1,5 +1,6 @@
 """--rope-scaling kinds are one ScalingSpec each: a kind added by one registry entry is a choice
-of fairseq's parser, with its help, is checked by its spec, and exported or refused by it. (~2 s)"""
+of fairseq's parser, with its help, and is checked by its spec; the exporter's own table, keyed by
+the same names, expresses or refuses it in CTranslate2. (~2 s)"""
 
 import pytest
 import torch
@@ -7,14 +8,11 @@ from fairseq import options
 
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.modules import rope_scaling
-from fairseq_rope.modules.rope_scaling import (
-    NotExportable,
-    ScalingSpec,
-    check_scaling,
-    ctranslate2_rotary_scaling,
-    rope_frequencies,
-)
+from fairseq_rope.modules.rope_scaling import ScalingSpec, check_scaling, rope_frequencies
 from fairseq_rope.modules.rotary import inverse_frequencies, linear_frequencies
+from fairseq_rope_tools.cli import UserError
+from fairseq_rope_tools.deploy import ctranslate2_scaling
+from fairseq_rope_tools.deploy.ctranslate2_scaling import ExportedScaling, ctranslate2_rotary_scaling
 
 
 def _at_most_eight(s, length):
@@ -26,13 +24,17 @@ TOY = ScalingSpec(
     "toy-halved", "linear interpolation by s / 2 (a test kind)",
     lambda d, theta, s, length: linear_frequencies(d, theta, s / 2, length),
     needs_training_length=True, check=_at_most_eight,
-    ctranslate2=lambda rotary_dim, theta, s, length: {"rotary_scaling_type": "Linear", "rotary_scaling_factor": s / 2},
 )
+
+
+def _toy_in_ctranslate2(rotary_dim, theta, s, length):
+    return {"rotary_scaling_type": "Linear", "rotary_scaling_factor": s / 2}
 
 
 @pytest.fixture
 def toy(monkeypatch):
     monkeypatch.setitem(rope_scaling.ROPE_SCALINGS, TOY.name, TOY)
+    monkeypatch.setitem(ctranslate2_scaling.EXPRESSIONS, TOY.name, _toy_in_ctranslate2)
     return TOY
 
 
@@ -73,12 +75,14 @@ def test_a_new_kind_computes_its_frequencies(toy):
     assert logit_scale == 1.0
 
 
-def test_a_new_kind_is_exported_as_its_spec_says(toy, monkeypatch):
-    assert ctranslate2_rotary_scaling(toy.name, 4.0) == {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 2.0}
-    monkeypatch.setitem(rope_scaling.ROPE_SCALINGS, toy.name, ScalingSpec(toy.name, "", toy.frequencies))
-    with pytest.raises(NotExportable, match=r"^--rope-scaling toy-halved: CTranslate2's rotary scalings do not "
-                                            r"include it \(export with none, linear or yarn\)$"):
-        ctranslate2_rotary_scaling(toy.name, 4.0)
+def test_a_new_kind_is_exported_as_the_exporters_table_says(toy, monkeypatch):
+    assert ctranslate2_rotary_scaling(toy.name, 4.0, 16, 10000.0, 16) == ExportedScaling(
+        {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 2.0}, 1.0)
+    monkeypatch.delitem(ctranslate2_scaling.EXPRESSIONS, toy.name)
+    with pytest.raises(UserError, match=r"^--rope-scaling toy-halved: CTranslate2's rotary scalings do not "
+                                        r"include it \(export with none, linear or yarn\)$") as refused:
+        ctranslate2_rotary_scaling(toy.name, 4.0, 16, 10000.0, 16)
+    assert refused.value.status == 2
 
 
 @pytest.mark.parametrize("scaling, factor, expressed", [
@@ -88,7 +92,7 @@ def test_a_new_kind_is_exported_as_its_spec_says(toy, monkeypatch):
     ("yarn", 1.0, {}),
 ])
 def test_what_ctranslate2_expresses(scaling, factor, expressed):
-    assert ctranslate2_rotary_scaling(scaling, factor) == expressed
+    assert ctranslate2_rotary_scaling(scaling, factor, 16, 10000.0, 20) == ExportedScaling(expressed, 1.0)
 
 
 @pytest.mark.parametrize("scaling, reason", [
@@ -97,22 +101,21 @@ def test_what_ctranslate2_expresses(scaling, factor, expressed):
     ("dynamic-yarn", "the factor is chosen per sentence, and CTranslate2 has one rotary scaling for every sentence"),
 ])
 def test_what_ctranslate2_refuses(scaling, reason):
-    with pytest.raises(NotExportable, match=f"^--rope-scaling {scaling}: {reason}"):
-        ctranslate2_rotary_scaling(scaling, 2.0)
+    factor = 2.0 if rope_scaling.scaling_spec(scaling).takes_factor else 1.0
+    with pytest.raises(UserError, match=f"^--rope-scaling {scaling}: {reason}"):
+        ctranslate2_rotary_scaling(scaling, factor, 16, 10000.0, 20)
 
 
 def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeypatch):
     """fairseq-rope-export and fairseq-rope-compare read the registry too: the exporter refuses
-    or expresses the kind as its spec says, the harness decodes with it."""
-    import dataclasses
-
-    from fairseq_rope_tools.cli import UserError
+    or expresses the kind as its table says, the harness decodes with it."""
     from fairseq_rope_tools.deploy import export_ctranslate2
     from fairseq_rope_tools.research import compare_position_encodings as harness
 
     _, args = parse("--rope-scaling", toy.name, "--rope-scaling-factor", "4", "--rope-scaling-original-length", "16")
-    assert export_ctranslate2._rotary_scaling(args) == {"rotary_scaling_type": "Linear", "rotary_scaling_factor": 2.0}
-    monkeypatch.setitem(rope_scaling.ROPE_SCALINGS, toy.name, dataclasses.replace(toy, ctranslate2=None))
+    assert export_ctranslate2._rotary_scaling(args).attributes == {"rotary_scaling_type": "Linear",
+                                                                   "rotary_scaling_factor": 2.0}
+    monkeypatch.delitem(ctranslate2_scaling.EXPRESSIONS, toy.name)
     with pytest.raises(UserError, match="^--rope-scaling toy-halved: CTranslate2's rotary "
                                                                "scalings do not include it"):
         export_ctranslate2.check_exportable(args)

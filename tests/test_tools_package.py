@@ -18,9 +18,13 @@ COMMANDS = PYPROJECT["project"]["scripts"]
 # import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
 # end to end without them (test_translate_reliability.py).
 TORCH_FREE = (
-    "fairseq_rope_tools.files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines",
+    "fairseq_rope_tools.files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.user_dir",
     "fairseq_rope_tools.training_log", "fairseq_rope_tools.recipes",
-    "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.data.text_tools",
+    "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.deploy.engine", "fairseq_rope_tools.deploy.batching",
+    "fairseq_rope_tools.deploy.ctranslate2_engine", "fairseq_rope_tools.deploy.fairseq_engine",
+    "fairseq_rope_tools.deploy.length_buckets", "fairseq_rope_tools.deploy.output",
+    "fairseq_rope_tools.deploy.segmentation", "fairseq_rope_tools.deploy.work_dir", "fairseq_rope_tools.deploy.exported",
+    "fairseq_rope_tools.deploy.pretrained_layout", "fairseq_rope_tools.data.text_tools",
     "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
     "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.research.compare_data",
     "fairseq_rope_tools.research.compare_report", "fairseq_rope_tools.research.plot_losses",

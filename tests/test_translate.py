@@ -12,6 +12,7 @@ import pytest
 from conftest import BIN, REPO, run_cli
 
 from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.deploy import exported, segmentation, work_dir
 from fairseq_rope_tools.deploy import translate as translate_py
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -92,7 +93,7 @@ def _ct2_dir(model):
 def test_segmentation_is_the_recipes(model):
     """Raw text -> the recipe's Moses tokenisation and BPE (with vocabulary threshold), token for token."""
     work = model[0]
-    segment = translate_py.Segmenter(work, "en", "subword_nmt")
+    segment = segmentation.Segmenter(work_dir.segmentation_of(work, "en", "de", "subword_nmt"))
     assert [segment(line) for line in _lines(work / "raw/test.en")] == [line.split() for line in _lines(work / "bpe/test.en")]
     # normalised and tokenised first (typographic quotes, aggressive hyphen splitting)
     assert segment("He said \u201cthe well-known dog\u201d sees the cat.") == \
@@ -102,6 +103,7 @@ def test_segmentation_is_the_recipes(model):
 def test_remove_bpe_is_fairseqs():
     from fairseq.data.data_utils import post_process
 
+    assert translate_py.remove_bpe is segmentation.remove_bpe  # where the comparison harness imports it from
     for line, kind in [("Der Hun@@ d sieht die K@@ at@@ ze .", "subword_nmt"), ("a@@", "subword_nmt"),
                        ("\u2581Der \u2581Hu nd \u2581sieht .", "sentencepiece"), ("", "subword_nmt")]:
         assert translate_py.remove_bpe(line, kind) == post_process(line, kind)
@@ -132,6 +134,40 @@ def test_both_engines_give_fairseq_generates_translations(model, evaluated, tmp_
     assert same == len(expected), f"{same} of {len(expected)} lines as fairseq-generate's"
     assert outputs["fairseq"][7] == ""
     assert len(set(expected)) > len(expected) // 2  # the model has learnt to translate, not one string
+
+
+@pytest.mark.e2e
+def test_the_bundle_alone_translates_raw_text_once_the_work_dir_is_gone(model, evaluated, tmp_path):
+    """fairseq-rope-export bundles the work dir's segmentation with the model: with the work dir
+    moved away, --model-dir BUNDLE alone gives the translations of the --work-dir form; a bundle
+    with one file changed is refused in one line."""
+    work, checkpoint = model
+    bundle = tmp_path / "bundle"
+    proc = run_cli([EXPORT, "--checkpoint", checkpoint, "--data-bin", work / "data-bin", "--output-dir", bundle])
+    assert "a bundle with its segmentation (subword_nmt)" in proc.stderr
+    assert sorted(p.name for p in bundle.iterdir()) == ["bpe.codes", "bpe.vocab.en", "bundle.json", "config.json",
+                                                       "export_info.json", "model.bin", "shared_vocabulary.json"]
+    raw = tmp_path / "test.en"
+    shutil.copy(work / "raw" / "test.en", raw)
+    _translate(raw, "--work-dir", work, "--model-dir", _ct2_dir(model), "--output", tmp_path / "before.de")
+    aside = tmp_path / "work_aside"
+    work.rename(aside)
+    try:
+        _translate(raw, "--model-dir", bundle, "--output", tmp_path / "after.de")
+    finally:
+        aside.rename(work)
+    after = _lines(tmp_path / "after.de")
+    assert after == _lines(tmp_path / "before.de") == _lines(evaluated["fairseq"][0] / "hyp.detok.de")
+    for name, spoil in (("bpe.codes", lambda data: data.replace(b"\n", b"\n\n", 1)),
+                        ("model.bin", lambda data: data[:-1] + bytes([data[-1] ^ 1]))):
+        changed = tmp_path / f"changed_{name}"
+        shutil.copytree(bundle, changed)
+        (changed / name).write_bytes(spoil((changed / name).read_bytes()))
+        proc = _translate(raw, "--model-dir", changed, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"fairseq-rope-translate: error: --model-dir {changed}: the bundle does not match its manifest: {name} is "
+            "not the file it was exported with (its sha256 is not the one bundle.json records): export it again with "
+            "fairseq-rope-export"], proc.stderr
 
 
 # --- (b) line ends and encodings --------------------------------------------------------------
@@ -168,7 +204,8 @@ def test_invalid_utf8_is_refused_by_file_and_line(model, evaluated, tmp_path):
         "or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD")
     assert list(out.parent.iterdir()) == []  # nothing written, no temporary file left
     proc = _translate("--work-dir", work, "--model-dir", ct2, stdin=bad.read_bytes())
-    assert proc.returncode == 1 and b"standard input: line 2: invalid UTF-8" in proc.stderr and not proc.stdout
+    assert proc.returncode == 1 and b"standard input: line 2: invalid UTF-8" in proc.stderr
+    assert proc.stdout.count(b"\n") == 1  # a stream: the line before it was translated as it came
     proc = _translate(bad, "--work-dir", work, "--model-dir", ct2, "-o", out, "--replace-invalid-utf8")
     assert "replaced invalid UTF-8 with U+FFFD in 1 line (first: line 2)" in proc.stderr
     assert len(_lines(out)) == 2
@@ -186,10 +223,13 @@ def test_setup_errors_name_the_flag_or_file(model, evaluated, tmp_path):
     other = tmp_path / "other_dict"
     shutil.copytree(work / "data-bin", other)
     (other / "dict.en.txt").write_text("x 1\n", encoding="utf-8")
+    model_only = tmp_path / "model_only"  # an export without a work dir beside its data-bin
+    shutil.copytree(ct2, model_only, ignore=shutil.ignore_patterns("bpe.*", exported.BUNDLE))
+    exported.write_bundle(model_only, "en", "de", None)
     cases = [
         ([text, "--work-dir", work], "give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT"),
         ([text, "--work-dir", tmp_path / "nowhere", "--model-dir", ct2], f"--work-dir {tmp_path / 'nowhere'} is not a directory"),
-        ([text, "--model-dir", ct2], "--work-dir is needed to tokenize and BPE raw text"),
+        ([text, "--model-dir", model_only], "--work-dir is needed to tokenize and BPE raw text"),
         ([text, "--work-dir", work, "--model-dir", tmp_path], f"--model-dir {tmp_path} is not a CTranslate2 model directory"),
         ([text, "--work-dir", work, "--engine", "fairseq", "--checkpoint", tmp_path / "no.pt"],
          f"--checkpoint {tmp_path / 'no.pt'} is not a file"),
@@ -256,7 +296,8 @@ def test_evaluate_with_dynamic_yarn_decodes_by_length_bucket_in_ctranslate2(mode
         assert _lines(eval_dir / "hyp.tok.de") == plain, engine
     assert re.search(r"\[evaluate\] length buckets \(L = \d+ tokens\): plain 20, yarn x2 0, yarn x4 0", proc.stderr)
     buckets = checkpoint.parent / "ct2_checkpoint_last_dynamic-yarn_2_4"
-    assert sorted(p.name for p in buckets.iterdir()) == ["length_buckets.json", "plain", "yarn_x2", "yarn_x4"]
+    assert sorted(p.name for p in buckets.iterdir()) == ["bpe.codes", "bpe.vocab.en", "bundle.json",
+                                                         "length_buckets.json", "plain", "yarn_x2", "yarn_x4"]
     generate_log = (checkpoint.parent / "eval_checkpoint_last_test_dynamic-yarn_2_4" / "generate.log").read_text()
     assert "'rope_scaling': 'dynamic-yarn'" in generate_log  # fairseq logs its configuration, overrides included
     proc = _evaluate(work, checkpoint, "fairseq", check=False, ROPE_SCALING="yarn", LENGTH_BUCKETS="2")

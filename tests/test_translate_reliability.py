@@ -15,8 +15,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, translate_in_process
+from conftest import REPO, cli_command, run_cli, translate_in_process
 
+from fairseq_rope_tools.deploy import ctranslate2_engine, fairseq_engine
 from fairseq_rope_tools.deploy import translate as translate_py
 
 pytest.importorskip("ctranslate2")
@@ -68,9 +69,13 @@ def _source(tmp_path, tokens, name="in.en"):
 
 
 def _copy_ct2(ct2, tmp_path, **info_changes):
-    """A copy of the export with export_info.json changed (a value None removes the key)."""
+    """A copy of the export; with export_info.json changed (a value None removes the key), as an
+    export of an older version, without a bundle manifest (which would refuse the change)."""
     copy = tmp_path / "ct2"
     shutil.copytree(ct2, copy)
+    if not info_changes:
+        return copy
+    (copy / "bundle.json").unlink()
     info = json.loads((copy / "export_info.json").read_text())
     info.update(info_changes)
     info = {key: value for key, value in info.items() if value is not None}
@@ -144,6 +149,9 @@ def test_unreadable_model_and_bpe_files_are_refused_by_name(tiny, tmp_path, caps
              text, "--work-dir", binary_codes, "--model-dir", ct2)
     corrupt = _copy_ct2(ct2, tmp_path)
     (corrupt / "model.bin").write_bytes((ct2 / "model.bin").read_bytes()[:5000])
+    _refused(capsys, f"--model-dir {corrupt}: the bundle does not match its manifest: model.bin is not the file",
+             text, *_bpe_args(data_bin, "--model-dir", corrupt))  # the bundle's manifest sees it first
+    (corrupt / "bundle.json").unlink()  # as an export of an older version
     _refused(capsys, f"--model-dir {corrupt}: CTranslate2 cannot load {corrupt / 'model.bin'}",
              text, *_bpe_args(data_bin, "--model-dir", corrupt))
     for name, data in (("garbage.pt", bytes(range(256)) * 8), ("empty.pt", b""),
@@ -172,7 +180,7 @@ def test_output_paths_are_checked_before_decoding(tiny, tmp_path, capsys, monkey
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoding started")
 
-    monkeypatch.setattr(translate_py, "translate", no_decoding)
+    monkeypatch.setattr(translate_py, "translate_sorted", no_decoding)
     text, out = _source(tmp_path, 3), tmp_path / "out.de"
     model = _bpe_args(data_bin, "--model-dir", ct2)
     _refused(capsys, f"--stats-json {tmp_path / 'no' / 's.json'}: directory {tmp_path / 'no'} does not exist",
@@ -255,8 +263,8 @@ def test_an_output_over_one_of_the_inputs_is_refused_before_decoding(tiny, tmp_p
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoding started")
 
-    monkeypatch.setattr(translate_py, "translate", no_decoding)
-    monkeypatch.setattr(translate_py.FairseqEngine, "__init__", no_decoding)
+    monkeypatch.setattr(translate_py, "translate_sorted", no_decoding)
+    monkeypatch.setattr(fairseq_engine.FairseqEngine, "__init__", no_decoding)
     read, args, message = case(tiny, tmp_path)
     before = read.read_bytes()
     _refused(capsys, message + ": the output would overwrite its own input; give another output", *args)
@@ -267,7 +275,7 @@ def test_an_output_over_one_of_the_inputs_is_refused_before_decoding(tiny, tmp_p
 def test_a_closed_stdout_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
     (tmp_path / "ct2").mkdir()
     text = _source(tmp_path, 3)
-    monkeypatch.setattr(translate_py, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
     monkeypatch.setattr(sys, "stdout", None)  # what Python makes of a closed stdout (>&-)
     _refused(capsys, "error: standard output is closed: give --output FILE", text, "--model-dir", tmp_path / "ct2",
              "--input-format", "bpe", "--output-format", "bpe")
@@ -403,10 +411,124 @@ def test_ctranslate2_on_cuda_without_its_cublas_is_refused_in_one_line(monkeypat
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
     monkeypatch.setattr(ctranslate2, "__version__", "4.8.0")
     monkeypatch.setattr(ctypes, "CDLL", cdll)
-    problem = translate_py.ctranslate2_cuda_problem()
+    problem = ctranslate2_engine.ctranslate2_cuda_problem()
     assert loaded == ["libcublas.so.12"] and "\n" not in problem
     assert "libcublas.so.12" in problem and "pip install nvidia-cublas-cu12" in problem
     monkeypatch.setattr(ctypes, "CDLL", lambda name, *args, **kwargs: None)
-    assert translate_py.ctranslate2_cuda_problem() is None
+    assert ctranslate2_engine.ctranslate2_cuda_problem() is None
     monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
-    assert translate_py.ctranslate2_cuda_problem() == "CTranslate2 sees no CUDA device"
+    assert ctranslate2_engine.ctranslate2_cuda_problem() == "CTranslate2 sees no CUDA device"
+
+
+# --- issue 36: translate for real use -----------------------------------------------------------------
+def _lines_of(tokens_lists):
+    return "".join(" ".join(tokens) + "\n" for tokens in tokens_lists)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", ["ctranslate2", "fairseq"])
+def test_too_long_lines_are_skipped_or_truncated_and_counted(tiny, tmp_path, capsys, engine):
+    """--too-long skip: an empty translation; truncate: the translation of the line's first
+    tokens; either way a count on stderr, --quiet or not, and in --stats-json."""
+    data_bin, checkpoint, ct2, _ = tiny
+    model = ["--model-dir", ct2] if engine == "ctranslate2" else ["--engine", "fairseq", "--checkpoint", checkpoint]
+    long = [f"w{i % 10}" for i in range(MAX_SOURCE + 5)]
+    lines = [["w1", "w2", "w3"], long, ["w4", "w5"], long]
+    (tmp_path / "in.en").write_text(_lines_of(lines))
+    (tmp_path / "cut.en").write_text(_lines_of(line[:MAX_SOURCE - 1] for line in lines))
+    assert translate_in_process(capsys, tmp_path / "cut.en", "-o", tmp_path / "cut.de", *_bpe_args(data_bin, *model)) \
+        == (0, [])
+    cut = (tmp_path / "cut.de").read_text().splitlines()
+    for policy, expected, done in (("skip", [cut[0], "", cut[2], ""], "skipped: their translations are empty"),
+                                   ("truncate", cut, f"truncated to their first {MAX_SOURCE - 1} tokens")):
+        out, stats = tmp_path / f"{policy}.de", tmp_path / f"{policy}.json"
+        code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", out, "--too-long", policy, "--stats-json",
+                                          stats, *_bpe_args(data_bin, *model))
+        assert code == 0 and said == [f"[translate] {tmp_path / 'in.en'}: 2 lines longer than the model takes "
+                                      f"({MAX_SOURCE - 1} BPE tokens) {done} (first: line 2)"]
+        assert out.read_text().splitlines() == expected
+        assert json.loads(stats.read_text())["too_long"] == {"policy": policy, "limit": MAX_SOURCE, "lines": 2,
+                                                             "first_line": 2}
+
+
+SOURCES = [["w1"], ["w2", "w3"], ["w4", "w5", "w6"], ["w7", "w8", "w9", "w1"]]  # sorted by length, as batched
+
+
+@pytest.mark.e2e
+def test_nbest_with_scores_equal_to_ctranslate2s_own(tiny, tmp_path, capsys):
+    data_bin, _, ct2, _ = tiny
+    (tmp_path / "in.en").write_text(_lines_of(SOURCES))
+    json_out, text_out = tmp_path / "nbest.jsonl", tmp_path / "nbest.txt"
+    assert translate_in_process(capsys, tmp_path / "in.en", "-o", json_out, "--nbest", 3, "--json-lines",
+                                *_bpe_args(data_bin, "--model-dir", ct2)) == (0, [])
+    assert translate_in_process(capsys, tmp_path / "in.en", "-o", text_out, "--nbest", 3,
+                                *_bpe_args(data_bin, "--model-dir", ct2)) == (0, [])
+    import ctranslate2
+
+    own = ctranslate2.Translator(str(ct2), device="cpu", intra_threads=1).translate_batch(
+        SOURCES, beam_size=4, length_penalty=0.6, max_decoding_length=200, num_hypotheses=3, return_scores=True)
+    records = [json.loads(line) for line in json_out.read_text().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4]
+    assert [[(t["text"].split(), t["score"]) for t in r["translations"]] for r in records] == [
+        list(zip(result.hypotheses, result.scores)) for result in own]
+    assert all(len(r["translations"]) == 3 for r in records)
+    # plain text: three lines per input line, best first
+    assert text_out.read_text().splitlines() == [t["text"] for r in records for t in r["translations"]]
+    code, lines = translate_in_process(capsys, tmp_path / "in.en", "--nbest", 5, "--beam", 4,
+                                       *_bpe_args(data_bin, "--model-dir", ct2))
+    assert code == 2 and "--nbest 5: beam search keeps --beam 4 hypotheses" in lines[-1]
+
+
+@pytest.mark.e2e
+def test_nbest_from_fairseq_starts_with_its_best(tiny, tmp_path, capsys):
+    data_bin, checkpoint, _, _ = tiny
+    model = _bpe_args(data_bin, "--engine", "fairseq", "--checkpoint", checkpoint)
+    (tmp_path / "in.en").write_text(_lines_of(SOURCES))
+    assert translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "best.de", *model) == (0, [])
+    assert translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "nbest.jsonl", "--nbest", 2,
+                                "--json-lines", *model) == (0, [])
+    records = [json.loads(line) for line in (tmp_path / "nbest.jsonl").read_text().splitlines()]
+    assert [r["translations"][0]["text"] for r in records] == (tmp_path / "best.de").read_text().splitlines()
+    assert all(len(r["translations"]) == 2 and r["translations"][0]["score"] >= r["translations"][1]["score"]
+               for r in records)
+
+
+def _read_line(stream, timeout):
+    """A line of ``stream`` (unbuffered bytes) within ``timeout`` seconds, else what came before."""
+    import select
+    import time
+
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n") and time.monotonic() < deadline:
+        if select.select([stream], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(stream.fileno(), 1)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+@pytest.mark.e2e
+def test_a_line_is_answered_while_stdin_stays_open(tiny, tmp_path):
+    """From a pipe, each line's translation comes out while the pipe stays open: the command can
+    serve a process that writes a line and waits for its answer."""
+    data_bin, _, ct2, _ = tiny
+    (tmp_path / "in.en").write_text(_lines_of(SOURCES[:2]))
+    run_cli(["fairseq-rope-translate", tmp_path / "in.en", "-o", tmp_path / "file.de", "--threads", "1",
+             *_bpe_args(data_bin, "--model-dir", ct2)])
+    expected = (tmp_path / "file.de").read_bytes().splitlines(keepends=True)
+    cmd, env = cli_command(["fairseq-rope-translate", "--threads", "1", "--quiet",
+                            *_bpe_args(data_bin, "--model-dir", ct2)], None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            bufsize=0)
+    try:
+        for source, translation in zip(SOURCES[:2], expected):
+            proc.stdin.write((" ".join(source) + "\n").encode())
+            assert _read_line(proc.stdout, timeout=60) == translation
+            assert proc.poll() is None  # answered, and still reading its open input
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0 and proc.stdout.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

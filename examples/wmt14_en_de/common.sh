@@ -11,7 +11,8 @@
 #           not a comment
 #   dash_safe VAR...  make each named variable's path ./-x if it is -x, so that no command
 #           (mkdir, cd, cp, ...) takes a path that starts with "-" for one of its options
-#   plugin_dir  prints the installed fairseq_rope's directory, for fairseq's --user-dir
+#   plugin_dir  prints the plugin's directory, for fairseq's --user-dir: `fairseq-rope-user-dir`,
+#           the form the docs give, with the recipe's message when it is not installed
 #   TQDM_DISABLE=1, exported when stderr is not a terminal (below)
 # and the defaults every step agrees on, each an environment variable with the default shown below.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,8 +30,9 @@ dash_safe() { local var; for var in "$@"; do [[ "${!var}" != -* ]] || printf -v 
 [[ -t 2 ]] || export TQDM_DISABLE=1
 
 plugin_dir() {
-    python -c 'import importlib.util; print(importlib.util.find_spec("fairseq_rope").submodule_search_locations[0])' \
-        || die "this python cannot find fairseq_rope: run 'make setup'"
+    command -v fairseq-rope-user-dir >/dev/null \
+        || die "fairseq-rope-user-dir not on PATH: run 'make setup' and put .venv/bin first on PATH"
+    fairseq-rope-user-dir
 }
 
 WORK_DIR="${WORK_DIR:-$ROOT/work/wmt14_en_de}"

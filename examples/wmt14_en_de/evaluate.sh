@@ -123,8 +123,9 @@ if [[ "$ENGINE" == fairseq ]]; then
     # last (longest) batch of the test set without a word; the line count check below catches that.
     THREAD_ENV=()
     [[ -z "$THREADS" ]] || THREAD_ENV=(env OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS")
+    USER_DIR="$(plugin_dir)"  # assigned first: a failure here stops the script
     "${THREAD_ENV[@]}" fairseq-generate "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$SUBSET" \
-        --path "$CHECKPOINT" --user-dir "$(plugin_dir)" \
+        --path "$CHECKPOINT" --user-dir "$USER_DIR" \
         --beam "$BEAM" --lenpen "$LENPEN" "${REMOVE_BPE[@]}" \
         --max-tokens "$MAX_TOKENS" --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 "${DEVICE_ARGS[@]}" \
         ${OVERRIDES:+--model-overrides "$OVERRIDES"} \

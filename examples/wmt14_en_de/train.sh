@@ -7,6 +7,7 @@
 #   bash examples/wmt14_en_de/train.sh                                  # RoPE
 #   ARCH=transformer_wmt_en_de bash examples/wmt14_en_de/train.sh       # sinusoidal baseline
 #   bash examples/wmt14_en_de/train.sh --rope-theta 20000               # extra args go to fairseq-train
+#   CONCAT_MAX_SENTENCES=3 bash examples/wmt14_en_de/train.sh           # concatenation training, for long inputs
 #
 # The batch: MAX_TOKENS per GPU x GPUs x UPDATE_FREQ ~= TOKENS_PER_UPDATE. UPDATE_FREQ is computed
 # from the number of GPUs (all visible ones, times NNODES) unless you set it. --fp16 on GPU.
@@ -31,6 +32,10 @@ MAX_UPDATE="${MAX_UPDATE:-100000}"         # Vaswani base: 100k updates (12 h on
 SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-2000}"
 KEEP_INTERVAL_UPDATES="${KEEP_INTERVAL_UPDATES:-10}"   # keep enough for average.sh (last 5)
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
+# concatenation training (--task translation_concat, docs/position_encodings.md): K > 1 joins a
+# CONCAT_PROB share of the training pairs with 1 to K - 1 others, drawn anew every epoch; 1: off
+CONCAT_MAX_SENTENCES="${CONCAT_MAX_SENTENCES:-1}"
+CONCAT_PROB="${CONCAT_PROB:-0.5}"
 SEED="${SEED:-1}"
 NUM_WORKERS="${NUM_WORKERS:-1}"            # fairseq data-loader workers
 CPU="${CPU:-auto}"                         # auto: CPU when no GPU is visible; 1: force CPU
@@ -43,6 +48,8 @@ LOG_FILE="${LOG_FILE:-$SAVE_DIR/train.log}"
 
 [[ -f "$DATA_BIN/dict.$SRC.txt" && -f "$DATA_BIN/train.$SRC-$TGT.$TGT.bin" ]] \
     || die "no binarized $SRC-$TGT data in $DATA_BIN: run examples/wmt14_en_de/prepare.sh first (or set DATA_BIN)"
+[[ "$CONCAT_MAX_SENTENCES" =~ ^[1-9][0-9]*$ ]] \
+    || die "CONCAT_MAX_SENTENCES must be a whole number K >= 1 (1: no concatenation training), got '$CONCAT_MAX_SENTENCES'"
 command -v fairseq-train >/dev/null || die "fairseq-train not on PATH: run 'make setup' and put .venv/bin first on PATH"
 
 GPUS="${GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
@@ -68,8 +75,13 @@ UPDATE_FREQ="${UPDATE_FREQ:-$(( (TOKENS_PER_UPDATE + MAX_TOKENS * DEVICES / 2) /
 # so it is loaded for the baseline as well (it changes nothing in stock architectures).
 USER_DIR_ARGS=(--user-dir "$(plugin_dir)")
 
+TASK_ARGS=()
+if [[ "$CONCAT_MAX_SENTENCES" -gt 1 ]]; then
+    TASK_ARGS+=(--task translation_concat --concat-max-sentences "$CONCAT_MAX_SENTENCES" --concat-prob "$CONCAT_PROB")
+fi
+
 ARGS=(
-    "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT"
+    "$DATA_BIN" --source-lang "$SRC" --target-lang "$TGT" "${TASK_ARGS[@]}"
     --arch "$ARCH" --share-all-embeddings
     --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-09 --clip-norm "$CLIP_NORM"
     --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP_UPDATES" --warmup-init-lr "$WARMUP_INIT_LR"
@@ -87,6 +99,9 @@ if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
     log "resuming from $SAVE_DIR/checkpoint_last.pt"
 fi
 log "$ARCH on $( [[ "$CPU" == 1 ]] && echo CPU || echo "$DEVICES GPU(s)"): max-tokens $MAX_TOKENS x $DEVICES device(s) x update-freq $UPDATE_FREQ = $((MAX_TOKENS * DEVICES * UPDATE_FREQ)) tokens per update; log $LOG_FILE"
+if [[ "$CONCAT_MAX_SENTENCES" -gt 1 ]]; then
+    log "concatenation training: a share $CONCAT_PROB of the training pairs joined with 1 to $((CONCAT_MAX_SENTENCES - 1)) others"
+fi
 if [[ "$NNODES" -gt 1 ]]; then
     command -v torchrun >/dev/null || die "torchrun not on PATH (it comes with torch)"
     torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS" \

@@ -3,7 +3,8 @@
 RoPE replaces the sinusoidal token positions: nothing is added to the token embeddings; the
 encoder and decoder self-attention rotate queries and keys instead (and, with
 ``--rope-cross-attention``, the encoder-decoder attention too). Its options are declared in
-``plugin_options``.
+``plugin_options``. With ``--rope-random-positions R`` the training forward draws each
+sentence's self-attention positions (``modules/random_positions.py``).
 """
 
 import logging
@@ -18,6 +19,7 @@ from fairseq.models.transformer import (
 )
 
 from ..modules.linear_rotary_attention import LinearRotaryAttention
+from ..modules.random_positions import sample_positions
 from ..modules.rope_scaling import scaling_spec
 from ..modules.rotary import rotary_dim_for
 from ..modules.rotary_embedding import shared_rotary_embedding
@@ -65,6 +67,8 @@ class TransformerRopeModel(PositionalTransformerModel):
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         model.training_lengths = TrainingLengths(args)  # saved by checkpoints.py
+        # R of --rope-random-positions; None: the columns' contiguous positions
+        model.random_positions_range = args.rope_random_positions if args.rope_random_positions != 1.0 else None
         if scaling_spec(args.rope_scaling).needs_training_length:
             source = ("--rope-scaling-original-length" if args.rope_scaling_original_length
                       else "recorded in training")
@@ -75,7 +79,18 @@ class TransformerRopeModel(PositionalTransformerModel):
         if self.training:  # src_lengths: the non-pad source tokens, as fairseq's datasets count them
             lengths = torch.cat([src_lengths, prev_output_tokens.ne(self.decoder.padding_idx).sum(1)])
             self.training_lengths.count(lengths, max(src_tokens.size(1), prev_output_tokens.size(1)))
+            if self.random_positions_range is not None:
+                self.draw_positions(src_tokens, prev_output_tokens, self.random_positions_range)
         return super().forward(src_tokens, src_lengths, prev_output_tokens, *args, **kwargs)
+
+    def draw_positions(self, src_tokens, prev_output_tokens, range_factor: float) -> None:
+        """Positions for this training batch's self-attention: one draw for the sources, shared by
+        the encoder's layers, one for the targets, shared by the decoder's."""
+        for side, tokens in ((self.encoder, src_tokens), (self.decoder, prev_output_tokens)):
+            drawn = sample_positions(tokens.eq(side.padding_idx), range_factor)
+            for module in side.modules():
+                if isinstance(module, RotaryMultiheadAttention) and module.self_attention:
+                    module.positions.sampled = drawn
 
 
 def _rope_architecture(args, transformer_architecture):

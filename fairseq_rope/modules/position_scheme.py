@@ -27,11 +27,18 @@ class AttentionCall:
     key_padding_mask: Optional[Tensor]
     saved_state: Optional[Dict[str, Optional[Tensor]]]
     offset: int  # query positions already processed (cached) before this call
-    query_positions: Tensor  # (tgt_len,) for the new tokens
+    query_positions: Tensor  # (tgt_len,) for the new tokens, or (bsz, tgt_len) per sentence
     static_kv: bool = False
     # (batch,) source length of each query row, where the layer gives it (dynamic --rope-scaling)
     source_lengths: Optional[Tensor] = None
     factors: Optional[Tensor] = None  # (batch,) s of a per-sentence scaling, once encode has chosen it
+    # every query position is below this; None: offset + tgt_len (set where a scheme samples the
+    # positions of a training batch, ``--rope-random-positions``, which replace query_positions)
+    positions_end: Optional[int] = None
+
+    @property
+    def query_positions_end(self) -> int:
+        return self.positions_end if self.positions_end is not None else self.offset + self.tgt_len
 
     def split_projections(self) -> None:
         if self.qkv is not None:

@@ -1,6 +1,6 @@
 """fairseq multi-head attention with Rotary Position Embedding on queries and keys (eq. 14)."""
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -25,7 +25,15 @@ class RotaryPositions(PositionScheme):
     * Dynamic scaling: each row rotates with its sentence's factor s = max(1, n / L), n its source
       length, which the layer gives (``call.source_lengths``) or, for the encoder, its own keys'
       padding mask; the same s at every decoding step keeps the key cache consistent.
+    * Randomized positions (``--rope-random-positions``): in training mode, self-attention rotates
+      by the positions the model drew for the batch (:attr:`sampled`) instead of its columns.
     """
+
+    #: ((batch, time) positions, a bound above them) that the model drew for its current training
+    #: batch (``random_positions.sample_positions``); read by self-attention in training mode only,
+    #: so that eval mode -- decoding, validation -- keeps 0 .. n - 1. Kept until the next batch's,
+    #: for a backward pass that recomputes the forward (--checkpoint-activations).
+    sampled: Optional[Tuple[Tensor, int]] = None
 
     def __init__(self, rotary: RotaryEmbedding, values: bool = False):
         self.rotary, self.values = rotary, bool(values)
@@ -46,9 +54,22 @@ class RotaryPositions(PositionScheme):
             lengths = sequence_lengths(call.key_padding_mask, call.src_len, call.bsz, call.query_positions.device)
         return self.rotary.row_factors(lengths)
 
+    def use_sampled_positions(self, attention, call: AttentionCall) -> None:
+        """The batch's drawn positions in place of ``call.query_positions`` (self-attention in
+        training mode, when the model drew some)."""
+        if self.sampled is None or not (attention.training and attention.self_attention):
+            return
+        positions, end = self.sampled
+        if call.offset != 0 or positions.shape != (call.bsz, call.tgt_len):
+            raise RuntimeError(f"positions drawn for a batch of shape {tuple(positions.shape)} met a self-attention "
+                               f"call of {call.bsz} x {call.tgt_len} tokens at offset {call.offset}: the model's "
+                               "forward draws them for the batch it is given")
+        call.query_positions, call.positions_end = positions, end
+
     def encode(self, attention, call: AttentionCall) -> None:
         heads = (attention.num_heads, attention.head_dim)
-        queries_and_length = (call.query_positions, call.offset + call.tgt_len)
+        self.use_sampled_positions(attention, call)
+        queries_and_length = (call.query_positions, call.query_positions_end)
         factors = call.factors = self.row_factors(call)
         if attention.self_attention:  # q and k rotate; with RoPER v too (and is cached rotated)
             rotated_heads = (3 if self.values else 2) * attention.num_heads
@@ -81,7 +102,7 @@ class RotaryPositions(PositionScheme):
         if not self.values:
             return out
         (out,) = self.rotary.rotate(
-            [out], call.query_positions, call.offset + call.tgt_len, out.shape, inverse=True, factors=call.factors
+            [out], call.query_positions, call.query_positions_end, out.shape, inverse=True, factors=call.factors
         )
         return out
 

@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
-"""Export a fairseq translation checkpoint to a CTranslate2 model directory.
+"""Export a fairseq translation checkpoint to a CTranslate2 model directory: a bundle that holds
+everything fairseq-rope-translate needs.
 
     fairseq-rope-export --checkpoint checkpoints/avg_last5.pt \\
-        --data-bin data-bin/wmt14_en_de --output-dir ct2/wmt14_en_de [--quantization int8]
+        --data-bin work/wmt14_en_de/data-bin --output-dir ct2/wmt14_en_de [--quantization int8]
+
+The bundle (fairseq_rope_tools.deploy.exported): the model, and, from the work directory
+prepare.sh wrote (``--work-dir``, by default the data-bin's parent when prepare.sh wrote it), the
+source segmentation -- subword-nmt ``bpe.codes`` and ``bpe.vocab.SRC`` with the vocabulary
+threshold, or sentencepiece ``spm.model`` -- and ``bundle.json``: the languages, the
+tokenisation and BPE settings, and the sha256 of every file, which fairseq-rope-translate
+verifies before it loads anything. Without a work dir the bundle holds the model only (raw text
+then needs fairseq-rope-translate --work-dir). The BPE must be the one the data-bin was binarized
+with (as data-bin/.done records it).
 
 Converts ``transformer_rope*`` checkpoints (either ``--rope-layout``, any ``--rope-fraction`` and
-``--rope-theta``, ``--rope-scaling linear``, and ``yarn`` with ``--rope-fraction 1`` as CTranslate2's
-``Su`` scaling) and stock fairseq ``transformer*`` checkpoints
-(sinusoidal or learned positions), so that both can be compared in the same engine. The
+``--rope-theta``, and the ``--rope-scaling`` kinds CTranslate2 can compute: ``linear``, and ``yarn``
+as CTranslate2's ``Su`` scaling with its logit temperature folded into the query and key
+projections; see fairseq_rope_tools.deploy.ctranslate2_scaling) and stock fairseq ``transformer*``
+checkpoints (sinusoidal or learned positions), so that both can be compared in the same engine. The
 encoder and decoder specs are built directly: CTranslate2 rotates queries and keys in
 self-attention by ``rotary_dim`` channels, pairing adjacent channels (``rotary_interleave``,
 our ``interleaved``) or halves (our ``half``), with base ``rotary_base`` (``--rope-theta``); the
@@ -37,8 +48,10 @@ deleted last, and what a killed export left is removed by the next one to the sa
 
 ``export_info.json`` records the checkpoint the model came from: its real path, and the size and
 sha256 of the bytes that were converted (hashed before and after loading; a checkpoint replaced
-meanwhile is refused), which ``--if-changed`` compares; the model's ``max_source_positions``
-and ``max_target_positions``; and the sha256 of the vocabularies written. Of a --length-buckets
+meanwhile is refused), which ``--if-changed`` compares; the model's ``max_source_positions``,
+``max_target_positions`` and training length L; and the sha256 of the vocabularies written.
+``--if-changed`` also exports again a directory without a bundle (older versions), one whose
+files do not match its manifest, and one whose segmentation is not the work dir's. Of a --length-buckets
 export, ``--if-changed`` also checks every bucket's own ``export_info.json`` against the manifest
 (fairseq_rope_tools.deploy.exported.verified_bucket_manifest): a bucket of another checkpoint, or
 at another factor or L, is exported again, never kept.
@@ -52,23 +65,43 @@ import json
 import math
 import os
 import sys
+from typing import Optional
 
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import is_readable_checkpoint
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.model_options import model_config, registered_model_name
-from fairseq_rope.modules.rope_scaling import NotExportable, ctranslate2_rotary_scaling
 from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope.training_lengths import training_length
 from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.deploy.ctranslate2_scaling import (
+    ExportedScaling,
+    ctranslate2_rotary_scaling,
+    set_rotary_scaling,
+)
 from fairseq_rope_tools.deploy.exported import (
     EXPORT_INFO,
     LENGTH_BUCKETS,
     bucket_overrides,
+    bundle_file_names,
+    bundle_holds,
+    is_bundle_entry,
     read_bucket_manifest,
+    read_bundle,
+    read_export_info,
     verified_bucket_manifest,
+    verified_bundle,
     vocabulary_digests,
+    write_bundle,
+)
+from fairseq_rope_tools.deploy.segmentation import Segmentation
+from fairseq_rope_tools.deploy.work_dir import (
+    bpe_type_of,
+    data_bin_bpe_problem,
+    has_bpe_step,
+    languages_of,
+    segmentation_of,
 )
 from fairseq_rope_tools.files import outputs_over_inputs_problem, replace_directory
 
@@ -117,21 +150,11 @@ def check_exportable(args) -> None:
         _rotary_scaling(args)
 
 
-def _rotary_scaling(args) -> dict:
-    """CTranslate2's self-attention attributes for the model's --rope-scaling, as its ScalingSpec says."""
-    head_dim = args.encoder_embed_dim // args.encoder_attention_heads
-    rotary_dim = rotary_dim_for(head_dim, args.rope_fraction)
-    try:
-        scaling = ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor, rotary_dim,
-                                             args.rope_theta, training_length(args))
-    except NotExportable as e:
-        raise UserError(str(e)) from None
-    if "max_position_embeddings" in scaling and rotary_dim != head_dim:
-        # CTranslate2 scales sin and cos, so its logit temperature reaches the rotated channels only
-        raise UserError(f"--rope-scaling {args.rope_scaling} with --rope-fraction {args.rope_fraction:g}: "
-                        "CTranslate2 applies the logit temperature to the rotated channels only; "
-                        "only models with --rope-fraction 1 are exported with it")
-    return scaling
+def _rotary_scaling(args) -> ExportedScaling:
+    """The model's --rope-scaling as CTranslate2 computes it; UserError where it cannot."""
+    rotary_dim = rotary_dim_for(args.encoder_embed_dim // args.encoder_attention_heads, args.rope_fraction)
+    return ctranslate2_rotary_scaling(args.rope_scaling, args.rope_scaling_factor, rotary_dim, args.rope_theta,
+                                      training_length(args))
 
 
 def _rotary_settings(args, head_dim):
@@ -143,27 +166,6 @@ def _rotary_settings(args, head_dim):
         rotary_interleave=args.rope_layout == "interleaved",
         rotary_base=float(args.rope_theta),
     )
-
-
-def set_rotary_scaling(spec, scaling: dict) -> None:
-    """Write the attributes of :func:`_rotary_scaling` into every self-attention spec, in the types
-    CTranslate2's own specs use. Set past the specs' frozen attribute list: the encoder's
-    constructor declares no Su factors or length attributes, though CTranslate2 reads them in any
-    attention layer (one AttentionLayer class serves both sides)."""
-    import numpy as np
-    from ctranslate2.specs import attention_spec
-
-    def typed(name, value):
-        if name == "rotary_scaling_type":
-            return np.dtype("int8").type(getattr(attention_spec.RotaryScalingType, value))
-        if isinstance(value, list):
-            return np.asarray(value, dtype=np.float32)
-        return np.dtype("int32" if isinstance(value, int) else "float32").type(value)
-
-    for side in (spec.encoder, spec.decoder):
-        for layer in side.layer:
-            for name, value in scaling.items():
-                object.__setattr__(layer.self_attention, name, typed(name, value))
 
 
 def build_spec(args, model, task):
@@ -181,8 +183,6 @@ def build_spec(args, model, task):
         transformer_spec.TransformerEncoderSpec(args.encoder_layers, args.encoder_attention_heads, **common),
         transformer_spec.TransformerDecoderSpec(args.decoder_layers, args.decoder_attention_heads, **common),
     )
-    if registered_model_name(args.arch) == "transformer_rope":
-        set_rotary_scaling(spec, _rotary_scaling(args))
     for side_spec, module in ((spec.encoder, model.encoder), (spec.decoder, model.decoder)):
         _set_inputs(side_spec, module, ct2_fairseq)
         for layer_spec, layer in zip(side_spec.layer, module.layers):
@@ -194,6 +194,8 @@ def build_spec(args, model, task):
             ct2_fairseq.set_layer_norm(side_spec.layer_norm, module.layer_norm)
         if module.layernorm_embedding is not None:
             ct2_fairseq.set_layer_norm(side_spec.layernorm_embedding, module.layernorm_embedding)
+    if registered_model_name(args.arch) == "transformer_rope":  # after the weights: the logit multiplier is in them
+        set_rotary_scaling(spec, _rotary_scaling(args))
     ct2_fairseq.set_linear(spec.decoder.projection, model.decoder.output_projection)
     spec.register_source_vocabulary(ct2_fairseq._get_vocab(task.source_dictionary))
     spec.register_target_vocabulary(ct2_fairseq._get_vocab(task.target_dictionary))
@@ -221,12 +223,15 @@ def _checkpoint_identity(path):
     return {"checkpoint": os.path.realpath(path), "size": size, "sha256": digest.hexdigest()}
 
 
-def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None) -> bool:
+def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None, data_bin=None,
+               work_dir=None) -> bool:
     """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
     quantization, inference overrides and length buckets, and records the model's length limits (an
     export from before they were recorded is not current). Of a --length-buckets export, every
     bucket's own export_info.json must agree with the manifest (a bucket from another checkpoint, or
-    at another factor, is not current)."""
+    at another factor, is not current). Given ``data_bin``, the export must also be a bundle whose
+    files match its manifest and which holds the segmentation an export would bundle now
+    (:func:`bundled_segmentation`): an export from before bundles, or of another BPE, is not current."""
     try:
         if length_buckets:
             manifest = verified_bucket_manifest(output_dir)
@@ -234,12 +239,16 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None, leng
                 return False
             info, complete = manifest, True
         else:
-            with open(os.path.join(output_dir, EXPORT_INFO), encoding="utf-8") as f:
-                info = json.load(f)
+            info = read_export_info(output_dir)
             complete = os.path.isfile(os.path.join(output_dir, "model.bin"))
-    except (OSError, ValueError):
+        if data_bin is not None:
+            src, tgt = languages_of(data_bin)
+            expected = bundled_segmentation(data_bin, work_dir, src, tgt) if src else None
+            if src is None or not bundle_holds(verified_bundle(output_dir), src, tgt, expected):
+                return False
+    except (OSError, ValueError, UserError):  # UserError: no segmentation to compare with; export to say why
         return False
-    if not complete or not isinstance(info, dict) or "max_source_positions" not in info:
+    if not complete or "max_source_positions" not in info:
         return False
     if (info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
             quantization, overrides or {}, os.path.getsize(checkpoint)):
@@ -249,28 +258,30 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None, leng
 
 # --- the output rule: replace only an earlier export ------------------------------------------
 def _is_export(directory) -> bool:
-    """An export this tool wrote: export_info.json and model.bin, and no file it does not write;
-    or a --length-buckets export: its manifest and the exports it lists, nothing else."""
+    """An export this tool wrote: export_info.json and model.bin, and no file it does not write
+    (its bundle's included); or a --length-buckets export: its manifest and the exports it lists,
+    nothing else."""
     try:
         entries = list(os.scandir(directory))
         if os.path.isfile(os.path.join(directory, LENGTH_BUCKETS)):
             buckets = {b["directory"] for b in read_bucket_manifest(directory)["buckets"]}
-            return all(e.name == LENGTH_BUCKETS or (e.name in buckets and e.is_dir(follow_symlinks=False)
-                                                    and _is_export(e.path)) for e in entries)
-        with open(os.path.join(directory, EXPORT_INFO), encoding="utf-8") as f:
-            info = json.load(f)
+            return all(e.name == LENGTH_BUCKETS or (is_bundle_entry(e.name) and e.is_file(follow_symlinks=False))
+                       or (e.name in buckets and e.is_dir(follow_symlinks=False) and _is_export(e.path))
+                       for e in entries)
+        info = read_export_info(directory)
     except (OSError, ValueError):  # read_bucket_manifest checks the manifest's shape: a ValueError
         return False
-    return (isinstance(info, dict) and "sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
-            and all(e.name in EXPORT_FILES and e.is_file(follow_symlinks=False) for e in entries))
+    return ("sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
+            and all((e.name in EXPORT_FILES or is_bundle_entry(e.name)) and e.is_file(follow_symlinks=False)
+                    for e in entries))
 
 
-def check_output_dir(output_dir, checkpoint, data_bin, force) -> None:
+def check_output_dir(output_dir, inputs: dict, force) -> None:
     """Raise UserError unless ``output_dir`` may be written: a new path; with ``force``, an
-    empty directory or an earlier export. Never an input, or a directory that holds one."""
+    empty directory or an earlier export. Never an input (``inputs``: flag -> path), or a
+    directory that holds one."""
     flag = f"--output-dir {output_dir}"
-    problem = outputs_over_inputs_problem({"--output-dir": output_dir}, {"--checkpoint": checkpoint,
-                                                                         "--data-bin": data_bin})
+    problem = outputs_over_inputs_problem({"--output-dir": output_dir}, inputs)
     if problem:
         raise UserError(problem)
     target = os.path.realpath(output_dir)
@@ -307,14 +318,14 @@ def write_model_dir(model_dir, write_model, info) -> None:
     return info
 
 
-def write_export(output_dir, write_all, checkpoint, data_bin, force) -> str:
+def write_export(output_dir, write_all, inputs, force) -> str:
     """What ``write_all(dir)`` writes, as one directory that takes ``output_dir``'s place when
     complete (:func:`~fairseq_rope_tools.files.replace_directory`): an export it replaces is kept
     until then. Returns the real path."""
 
     def write(tmp):
         write_all(tmp)
-        check_output_dir(output_dir, checkpoint, data_bin, force)  # again: the conversion took a while
+        check_output_dir(output_dir, inputs, force)  # again: the conversion took a while
 
     try:
         replace_directory(output_dir, write)
@@ -324,6 +335,35 @@ def write_export(output_dir, write_all, checkpoint, data_bin, force) -> str:
 
 
 # --- the inputs -------------------------------------------------------------------------------
+def bundled_segmentation(data_bin, work_dir, src, tgt) -> Optional[Segmentation]:
+    """The segmentation the export bundles: prepare.sh's in ``work_dir`` (--work-dir), by default
+    in the data-bin's parent when prepare.sh wrote it there (bpe/.done); None when there is none.
+    UserError when it is incomplete, or not the BPE the data-bin was binarized with."""
+    flag = "--work-dir"
+    if work_dir is None:
+        work_dir = os.path.dirname(os.path.realpath(data_bin))
+        if not has_bpe_step(work_dir):
+            return None
+        flag = "--data-bin's work dir"
+    bpe_type = bpe_type_of(data_bin, work_dir)
+    if bpe_type is None and has_bpe_step(work_dir):  # (without the step, segmentation_of says so)
+        raise UserError(f"{flag} {work_dir}: cannot tell the BPE kind (no bpe_type in --data-bin {data_bin}, no BPE "
+                        "in bpe/.done): rerun prepare.sh")
+    segmentation = segmentation_of(work_dir, src, tgt, bpe_type, flag=flag)
+    problem = data_bin_bpe_problem(data_bin, segmentation)
+    if problem:
+        raise UserError(problem)
+    return segmentation
+
+
+def export_inputs(checkpoint, data_bin, segmentation: Optional[Segmentation]) -> dict:
+    """What the export reads, by flag: no output may be one of them, or hold one."""
+    inputs = {"--checkpoint": checkpoint, "--data-bin": data_bin}
+    for path in bundle_file_names(segmentation).values() if segmentation else ():
+        inputs[f"the work dir's bpe/{os.path.basename(path)}"] = path
+    return inputs
+
+
 def load_checkpoint(checkpoint, data_bin, overrides):
     """The checkpoint's state and the identity of the bytes it was loaded from: hashed before and
     after loading, refused if they differ (replaced while it was read)."""
@@ -429,24 +469,33 @@ class _Overridden:
         return getattr(self.__dict__["_base"], name)
 
 
-def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None, length_buckets=None):
+def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None, length_buckets=None,
+           work_dir=None):
     """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its real path.
     ``overrides``: inference options, as ``--model-overrides`` takes them at generate time.
     ``force`` replaces an earlier export (or an empty directory), nothing else. ``length_buckets``:
     factors s > 1; the directory then holds the plain model and one static-yarn model per factor
-    (:func:`bucket_models`) and their manifest, ``length_buckets.json``."""
+    (:func:`bucket_models`) and their manifest, ``length_buckets.json``. Either is a bundle with
+    the segmentation of ``work_dir`` (default: the data-bin's parent, when prepare.sh wrote it;
+    :func:`bundled_segmentation`)."""
     import torch
     from ctranslate2.converters.converter import Converter
 
     factors = check_bucket_factors(length_buckets) if length_buckets else ()
     check_original_length(overrides)
-    check_output_dir(output_dir, checkpoint, data_bin, force)
+    src, tgt = languages_of(data_bin)
+    segmentation = bundled_segmentation(data_bin, work_dir, src, tgt) if src else None  # refused before loading
+    check_output_dir(output_dir, export_inputs(checkpoint, data_bin, segmentation), force)
     state, identity = load_checkpoint(checkpoint, data_bin, overrides)
     args = model_config(state)
     buckets = bucket_models(args, overrides, factors) if factors else [(None, None, args)]
     for _, _, bucket_args in buckets:
         check_exportable(bucket_args)
     task = setup_task(state, checkpoint, data_bin)
+    if src is None:  # a data-bin that records no languages: the task's
+        src, tgt = task.cfg.source_lang, task.cfg.target_lang
+        segmentation = bundled_segmentation(data_bin, work_dir, src, tgt)
+    inputs = export_inputs(checkpoint, data_bin, segmentation)
     model = task.build_model(args)
     try:
         model.load_state_dict(state["model"], strict=True)
@@ -466,10 +515,16 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 
     info = dict(identity, data_bin=os.path.realpath(data_bin), quantization=quantization, arch=args.arch,
                 overrides=overrides or {}, max_source_positions=args.max_source_positions,
-                max_target_positions=args.max_target_positions)
+                max_target_positions=args.max_target_positions,
+                training_length=training_length(args) if registered_model_name(args.arch) == "transformer_rope"
+                else None)
+
+    def write_single(tmp):
+        write_model_dir(tmp, writer(args), info)
+        write_bundle(tmp, src, tgt, segmentation)
+
     if not factors:
-        return write_export(output_dir, lambda tmp: write_model_dir(tmp, writer(args), info),
-                            checkpoint, data_bin, force)
+        return write_export(output_dir, write_single, inputs, force)
 
     def write_buckets(tmp):
         written = []
@@ -483,8 +538,9 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
                         buckets=[{"factor": factor, "directory": name} for factor, name, _ in buckets])
         with open(os.path.join(tmp, LENGTH_BUCKETS), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1)
+        write_bundle(tmp, src, tgt, segmentation)
 
-    return write_export(output_dir, write_buckets, checkpoint, data_bin, force)
+    return write_export(output_dir, write_buckets, inputs, force)
 
 
 @command
@@ -493,6 +549,10 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="fairseq checkpoint (.pt), e.g. an average of the last 5")
     p.add_argument("--data-bin", required=True, help="the fairseq data-bin the model was trained on (dictionaries)")
+    p.add_argument("--work-dir",
+                   help="the directory prepare.sh wrote for the model, whose segmentation (tok/ and bpe/ steps) the "
+                        "export bundles (default: the data-bin's parent, when prepare.sh wrote it; else the export "
+                        "holds the model only)")
     p.add_argument("--output-dir", required=True,
                    help="CTranslate2 model directory to write: a new path (or, with --force, an empty directory "
                         "or an earlier export)")
@@ -524,12 +584,20 @@ def main(argv=None):
         raise UserError(f"--checkpoint {args.checkpoint} is not a file")
     if not os.path.isdir(args.data_bin):
         raise UserError(f"--data-bin {args.data_bin} is not a directory")
-    if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides, buckets):
+    if args.work_dir is not None and not os.path.isdir(args.work_dir):
+        raise UserError(f"--work-dir {args.work_dir} is not a directory")
+    if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides, buckets,
+                                      args.data_bin, args.work_dir):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
-    out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides, buckets)
+    out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides, buckets,
+                 args.work_dir)
     kind = f", plain and yarn x{' x'.join(f'{f:g}' for f in buckets)}" if buckets else ""
-    print(f"wrote {out} ({args.quantization}{kind})", file=sys.stderr)
+    held = read_bundle(out)["segmentation"]
+    print(f"wrote {out} ({args.quantization}{kind}): " + (
+        f"a bundle with its segmentation ({held['bpe']})" if held else
+        "the model only, no work dir of prepare.sh beside --data-bin: raw text will need fairseq-rope-translate "
+        "--work-dir (or export with --work-dir)"), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""What fairseq-rope-export writes, read without torch or fairseq (fairseq-rope-translate's
-CTranslate2 path imports only this).
+"""What fairseq-rope-export writes, read without torch or fairseq: the one reader (and writer) of
+an export's records, for fairseq-rope-export, fairseq-rope-translate and the benchmarks.
 
 A plain export is one CTranslate2 model directory with ``export_info.json``. A
 ``--length-buckets`` export is a directory of such exports, one per length bucket, listed in
@@ -12,24 +12,74 @@ The manifest is verified, not trusted (:func:`verified_bucket_manifest`): each b
 ``export_info.json`` must record the manifest's checkpoint (sha256), its factor and L, and the
 vocabularies its files hold; a bucket swapped, edited or replaced by another export is refused
 by name.
+
+Either kind is a bundle (:data:`BUNDLE`, ``bundle.json``): beside the model(s) it holds the
+source segmentation of the work directory the model was trained from (subword-nmt codes and
+source vocabulary, or the sentencepiece model), and records the languages, the tokenisation, the
+BPE kind and vocabulary threshold, and the sha256 of every file of the directory, which
+:func:`verified_bundle` checks before a model is loaded. The length limit and L are those of
+``export_info.json`` (``length_buckets.json``), which the bundle holds (:func:`source_limit`).
 """
 
 import hashlib
 import json
 import os
-from typing import List, Optional
+import shutil
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from fairseq_rope_tools.data.text_tools import fingerprint
+from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, MOSES_RECIPE, Segmentation
 
 EXPORT_INFO = "export_info.json"
 LENGTH_BUCKETS = "length_buckets.json"
+CONFIG = "config.json"  # CTranslate2's
+BUNDLE = "bundle.json"
+BUNDLE_FORMAT = "fairseq-rope bundle"
+BUNDLE_VERSION = 1
+#: the segmentation files of a bundle, by role (the source vocabulary's name ends in the language)
+BUNDLE_SEGMENTATION_FILES = {"codes": "bpe.codes", "vocabulary": "bpe.vocab", "model": "spm.model"}
+
+
+def read_json_object(path) -> dict:
+    """The JSON object in ``path``; ValueError (or OSError) if it is not one."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def read_export_info(model_dir) -> dict:
+    """The ``export_info.json`` of one export; ValueError (or OSError) without a readable one."""
+    return read_json_object(os.path.join(model_dir, EXPORT_INFO))
+
+
+def is_bucket_export(directory) -> bool:
+    return os.path.isfile(os.path.join(directory, LENGTH_BUCKETS))
+
+
+def source_limit(directory) -> Optional[int]:
+    """The longest source the export takes, in positions (its tokens and the ``</s>`` appended, as
+    fairseq counts them): the model's max_source_positions as ``length_buckets.json`` of a
+    --length-buckets export records it, else ``export_info.json``, else ``config.json`` (older
+    exports); None when none records it (CTranslate2 itself has no limit for RoPE models).
+    ValueError (or OSError) on a record that cannot be read."""
+    for name in (LENGTH_BUCKETS,) if is_bucket_export(directory) else (EXPORT_INFO, CONFIG):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            limit = read_json_object(path).get("max_source_positions")
+            if isinstance(limit, int) and limit > 1:
+                return limit
+    return None
 
 
 def read_bucket_manifest(directory) -> dict:
     """The manifest of a --length-buckets export; ValueError (or OSError) if it is none. The
     buckets come sorted by factor, the first one the plain model (factor 1)."""
     path = os.path.join(directory, LENGTH_BUCKETS)
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    buckets = manifest.get("buckets") if isinstance(manifest, dict) else None
+    manifest = read_json_object(path)
+    buckets = manifest.get("buckets")
     if not (isinstance(buckets, list) and buckets and isinstance(manifest.get("training_length"), int)
             and manifest["training_length"] > 0
             and all(isinstance(b, dict) and isinstance(b.get("factor"), (int, float))
@@ -90,10 +140,7 @@ def bucket_problem(directory, manifest: dict, bucket: dict) -> Optional[str]:
     name = bucket["directory"]
     path = os.path.join(directory, name)
     try:
-        with open(os.path.join(path, EXPORT_INFO), encoding="utf-8") as f:
-            info = json.load(f)
-        if not isinstance(info, dict):
-            raise ValueError("not a JSON object")
+        info = read_export_info(path)
     except (OSError, ValueError) as e:
         return f"the bucket {name} has no readable {EXPORT_INFO} ({getattr(e, 'strerror', None) or e})"
     if not os.path.isfile(os.path.join(path, "model.bin")):
@@ -138,3 +185,146 @@ def bucket_of(source_tokens: int, training_length: int, factors: List[float]) ->
         if needed <= factor * (1 + 1e-12):
             return index
     return len(factors) - 1
+
+
+# --- the bundle: everything translation needs, verified on load -----------------------------------
+def is_bundle_entry(name: str) -> bool:
+    """Whether a bundle holds an entry of this name beside its model(s)."""
+    return name in (BUNDLE, BUNDLE_SEGMENTATION_FILES["codes"], BUNDLE_SEGMENTATION_FILES["model"]) or (
+        name.startswith(BUNDLE_SEGMENTATION_FILES["vocabulary"] + ".") and "/" not in name)
+
+
+def bundle_file_names(segmentation: Segmentation) -> Dict[str, Path]:
+    """{name in the bundle: the file it is copied from} of ``segmentation``'s files."""
+    names = {}
+    for role, path in segmentation.files().items():
+        name = BUNDLE_SEGMENTATION_FILES[role]
+        names[f"{name}.{segmentation.source}" if role == "vocabulary" else name] = path
+    return names
+
+
+def segmentation_record(segmentation: Segmentation) -> dict:
+    """How ``segmentation`` is recorded in bundle.json (its files by their names in the bundle)."""
+    record = {"tokenizer": dict(MOSES_RECIPE) if segmentation.tokenize else None, "bpe": segmentation.bpe_type}
+    for role, path in segmentation.files().items():
+        record[role] = next(name for name, source in bundle_file_names(segmentation).items() if source == path)
+    if segmentation.bpe_type == "subword_nmt":
+        record["vocabulary_threshold"] = segmentation.vocabulary_threshold
+    return record
+
+
+def bundled_files(directory) -> List[str]:
+    """The relative paths of every file under ``directory`` but its bundle.json, sorted."""
+    root = Path(directory)
+    return sorted(name for name in (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+                  if name != BUNDLE)
+
+
+def file_digests(directory) -> Dict[str, str]:
+    """{relative path: sha256} of :func:`bundled_files`."""
+    return {name: fingerprint(os.path.join(directory, name))[1] for name in bundled_files(directory)}
+
+
+def write_bundle(directory, source: str, target: str, segmentation: Optional[Segmentation]) -> dict:
+    """Into the export ``directory``, whose model files are written: ``segmentation``'s files (None:
+    a model-only export, whose raw input needs a work dir) and bundle.json, which records the
+    languages, the segmentation and the sha256 of every file; returns what it records."""
+    record = None
+    if segmentation is not None:
+        for name, path in bundle_file_names(segmentation).items():
+            shutil.copyfile(path, os.path.join(directory, name))
+        record = segmentation_record(segmentation)
+    manifest = dict(format=BUNDLE_FORMAT, version=BUNDLE_VERSION, source_language=source, target_language=target,
+                    segmentation=record, files=file_digests(directory))
+    with open(os.path.join(directory, BUNDLE), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def read_bundle(directory) -> Optional[dict]:
+    """The bundle.json of an export, or None without one (exported before bundles); ValueError (or
+    OSError) when it is not a bundle manifest this version reads."""
+    path = os.path.join(directory, BUNDLE)
+    if not os.path.isfile(path):
+        return None
+    manifest = read_json_object(path)
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise ValueError(f"{path} is not a bundle manifest written by fairseq-rope-export")
+    if manifest.get("version") != BUNDLE_VERSION:
+        raise ValueError(f"{path} is a bundle of version {manifest.get('version')!r}; this fairseq-rope-translate "
+                         f"reads version {BUNDLE_VERSION}: install the version that exported it")
+    files, record = manifest.get("files"), manifest.get("segmentation")
+    well_formed = (
+        isinstance(files, dict) and all(isinstance(v, str) and _inside(k) for k, v in files.items())
+        and all(isinstance(manifest.get(key), str) for key in ("source_language", "target_language"))
+        and (record is None or (isinstance(record, dict) and record.get("bpe") in BPE_TYPES
+                                and all(record.get(role) in files for role in _roles(record["bpe"])))))
+    if not well_formed:
+        raise ValueError(f"{path} is not a complete bundle manifest")
+    if record is not None and record.get("tokenizer") not in (None, MOSES_RECIPE):
+        raise ValueError(f"{path} records a tokenizer this version does not apply ({record.get('tokenizer')!r})")
+    return manifest
+
+
+def _roles(bpe_type):
+    return ("codes", "vocabulary") if bpe_type == "subword_nmt" else ("model",)
+
+
+def _inside(name) -> bool:
+    """A relative path that stays inside the bundle."""
+    return isinstance(name, str) and bool(name) and not os.path.isabs(name) and ".." not in Path(name).parts
+
+
+def bundle_problem(directory, manifest: dict) -> Optional[str]:
+    """Why the files of ``directory`` are not those its manifest lists, as one line, or None: a
+    file missing, changed, or not listed (CTranslate2 loads the vocabulary files it finds, so an
+    added one changes the model)."""
+    listed, held = manifest["files"], set(bundled_files(directory))
+    for name in sorted(listed.keys() - held):
+        return f"{name}, which {BUNDLE} lists, is missing"
+    for name in sorted(held - listed.keys()):
+        return f"{name} is not one of the files {BUNDLE} lists"
+    for name, digest in sorted(listed.items()):
+        if fingerprint(os.path.join(directory, name))[1] != digest:
+            return f"{name} is not the file it was exported with (its sha256 is not the one {BUNDLE} records)"
+    return None
+
+
+def verified_bundle(directory) -> Optional[dict]:
+    """:func:`read_bundle`, its buckets checked against their manifest (:func:`verified_bucket_manifest`,
+    which names the bucket) and every file against its sha256; ValueError naming the first
+    difference. None for an export without bundle.json."""
+    manifest = read_bundle(directory)
+    if manifest is None:
+        return None
+    if is_bucket_export(directory):
+        verified_bucket_manifest(directory)
+    problem = bundle_problem(directory, manifest)
+    if problem:
+        raise ValueError(f"the bundle does not match its manifest: {problem}")
+    return manifest
+
+
+def bundle_segmentation(directory, manifest: dict, flag="--model-dir") -> Optional[Segmentation]:
+    """The segmentation a bundle holds (its files inside ``directory``), or None for a model-only one."""
+    record = manifest["segmentation"]
+    if record is None:
+        return None
+    paths = {role: Path(directory) / record[role] for role in _roles(record["bpe"])}
+    threshold = record.get("vocabulary_threshold", 50)
+    return Segmentation(source=manifest["source_language"], target=manifest["target_language"],
+                        tokenize=record["tokenizer"] is not None, bpe_type=record["bpe"], codes=paths.get("codes"),
+                        vocabulary=paths.get("vocabulary"), spm_model=paths.get("model"),
+                        vocabulary_threshold=threshold if isinstance(threshold, int) else 50,
+                        origin=f"{flag} {directory}", remedy="export the bundle again with fairseq-rope-export")
+
+
+def bundle_holds(manifest: Optional[dict], source: str, target: str, segmentation: Optional[Segmentation]) -> bool:
+    """Whether ``manifest`` records these languages and this very segmentation (its files' sha256
+    included): what an export of the same checkpoint from the same work dir would write."""
+    if manifest is None or (manifest["source_language"], manifest["target_language"]) != (source, target):
+        return False
+    if segmentation is None:
+        return manifest["segmentation"] is None
+    return manifest["segmentation"] == segmentation_record(segmentation) and all(
+        manifest["files"].get(name) == fingerprint(path)[1] for name, path in bundle_file_names(segmentation).items())

@@ -18,7 +18,8 @@ CTranslate2 float32, float16 and int8_float16 (int8 weights, fp16 activations), 
 with the fairseq run of its precision (float32 with fp32, the others with fp16).
 
 Every configuration runs at each ``--threads`` count (``OMP_NUM_THREADS`` for fairseq,
-``intra_threads`` for CTranslate2) ``--reps`` times; the table gives the median time as sentences
+``intra_threads`` for CTranslate2, through fairseq-rope-translate's engine and batching:
+fairseq_rope_tools.deploy.ctranslate2_engine) ``--reps`` times; the table gives the median time as sentences
 and target tokens per second, the speed-up over fairseq-generate at the same thread count, and
 tokenized BLEU with compound splitting (fairseq-rope-score) against the test references.
 ``results.json`` and ``results.md`` are written to --out-dir. A line on stderr announces every
@@ -32,13 +33,15 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
 from fairseq_rope_tools.cli import UserError, command, plugin_dir, progress_sayer
-from fairseq_rope_tools.deploy.translate import ctranslate2_cuda_problem
-from fairseq_rope_tools.deploy.translate import remove_bpe as remove_bpe_from_line
+from fairseq_rope_tools.deploy.batching import translate_sorted
+from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine, ctranslate2_cuda_problem
+from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy.segmentation import remove_bpe as remove_bpe_from_line
+from fairseq_rope_tools.deploy.work_dir import bpe_type_of
 from fairseq_rope_tools.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.research.machine import cpu_model
 
@@ -133,17 +136,12 @@ def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp3
 
 
 def ct2_worker(request):
-    """Runs in its own process (the backend is read when ctranslate2 loads)."""
-    import ctranslate2
-
-    translator = ctranslate2.Translator(request["model_dir"], device=request["device"],
-                                        compute_type=request["compute_type"], intra_threads=request["threads"],
-                                        inter_threads=1)
-    start = time.perf_counter()
-    results = translator.translate_batch(request["sources"], beam_size=BEAM, length_penalty=LENPEN,
-                                         max_batch_size=BATCH, max_decoding_length=request["max_len"])
-    seconds = time.perf_counter() - start
-    json.dump({"seconds": seconds, "hypotheses": [r.hypotheses[0] for r in results]}, sys.stdout)
+    """Runs in its own process (the backend is read when ctranslate2 loads): the engine and batching
+    of fairseq-rope-translate, decoding time only."""
+    engine = CTranslate2Engine(request["model_dir"], Decoding(BEAM, LENPEN, request["max_len"]), request["device"],
+                               request["compute_type"], request["threads"])
+    results, seconds = translate_sorted(engine, request["sources"], BATCH)
+    json.dump({"seconds": seconds, "hypotheses": [h[0].tokens if h else [] for h in results]}, sys.stdout)
 
 
 def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
@@ -174,7 +172,7 @@ def export(checkpoint, data_bin, out_dir, quantization):
     from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
 
     model_dir = export_dir(out_dir, quantization)
-    if not exporter.is_current(model_dir, checkpoint, quantization):
+    if not exporter.is_current(model_dir, checkpoint, quantization, data_bin=data_bin):
         progress(f"exporting {checkpoint} to {model_dir} ({'no' if quantization == 'none' else quantization} "
                  "quantization)")
         try:
@@ -214,8 +212,7 @@ def main(argv=None):
     if problem:
         raise UserError(problem)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    bpe_type_file = args.data_bin / "bpe_type"
-    bpe_type = bpe_type_file.read_text().strip() if bpe_type_file.exists() else "subword_nmt"
+    bpe_type = bpe_type_of(args.data_bin, None) or "subword_nmt"
     backends = CPU_BACKENDS if args.device == "cpu" else (None,)
 
     progress(f"benchmarking {args.checkpoint} on {args.device}: {args.reps} rep(s) of each configuration "

@@ -16,7 +16,10 @@ arguments that undo its subword segmentation.
 
 With ``--length-split L`` (all but ``--data-bin``) training and validation keep the pairs whose
 both sides have at most L words (tokens of the tokenized text, before subwords), and the test set
-becomes four groups: up to L words, longer, and consecutive pairs joined 2 and 3 at a time.
+becomes the groups: up to L words, longer, and consecutive pairs joined N at a time for each N of
+``--joined-groups`` (2 and 3 by default), ``test xN``. Each joined group knows the test-set lines
+of the single sentences it joins (:attr:`TestData.joined`, ``data-bin/test_joined.json``): the
+sentence-split oracle of a decode joins their hypotheses as the sources were joined.
 
 The ``text/`` and ``data-bin/`` the harness binarizes into ``--out-dir`` hold a marker file
 (:data:`MARKER`): each run replaces them as a whole, so it replaces only those it made
@@ -26,7 +29,7 @@ The ``text/`` and ``data-bin/`` the harness binarizes into ``--out-dir`` hold a 
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -36,6 +39,7 @@ from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.text_lines import read_lines
 
 GROUPS_FILE = "test_groups.json"
+JOINED_FILE = "test_joined.json"  # joined group -> [[the test-set line of each sentence joined] per line]
 PREPARE_STEPS = ("raw", "tok", "clean", "bpe", "data-bin")
 REMOVE_BPE = {"subword_nmt": ["--remove-bpe"], "sentencepiece": ["--remove-bpe", "sentencepiece"]}
 # in every text/ and data-bin/ the harness makes: the directories it may replace on a later run
@@ -53,6 +57,8 @@ class TestData:
     generate_args: List[str]            # e.g. --remove-bpe for subword-segmented data
     source_text: Optional[Path] = None  # the test source as the model reads it (BPE), line for line
     bpe_type: Optional[str] = None      # its segmentation (a data-bin's bpe_type), None for plain words
+    # joined group -> for each of its lines, the test-set lines of the single sentences it joins
+    joined: Dict[str, List[List[int]]] = field(default_factory=dict)
 
 
 # A row is one sentence pair as (source, target) model input -- BPE text for prepared corpora --
@@ -88,24 +94,31 @@ def _parallel(paths):
     return list(zip(*columns))
 
 
-def split_by_length(train, valid, test, limit):
-    """(train, valid, [(group name, rows)]) -- see the module docstring."""
+def split_by_length(train, valid, test, limit, joined=(2, 3)):
+    """(train, valid, [(group name, rows)], {joined group: [[test-set line of each sentence it
+    joins] per row]}) -- see the module docstring. The test set is the groups one after the other:
+    the short sentences, the long ones, then the joined groups, ``joined`` sentences at a time."""
     if not limit:
-        return train, valid, [("test", test)]
+        return train, valid, [("test", test)], {}
     short = lambda row: row_words(row) <= limit  # noqa: E731
     train, valid = [r for r in train if short(r)], [r for r in valid if short(r)]
     if not train or not valid:
         raise UserError(f"--length-split {limit} leaves no training or validation pairs", status=1)
-    groups = [(f"test <= {limit}", [r for r in test if short(r)]),
-              (f"test > {limit}", [r for r in test if not short(r)]),
-              ("test x2", concatenated(test, 2)), ("test x3", concatenated(test, 3))]
-    return train, valid, [(name, rows) for name, rows in groups if rows]
+    singles = [i for i, r in enumerate(test) if short(r)], [i for i, r in enumerate(test) if not short(r)]
+    line = {pair: at for at, pair in enumerate(singles[0] + singles[1])}  # a single sentence's test-set line
+    groups = [(f"test <= {limit}", [test[i] for i in singles[0]]), (f"test > {limit}", [test[i] for i in singles[1]])]
+    parts = {}
+    for n in joined:
+        groups.append((f"test x{n}", concatenated(test, n)))
+        parts[f"test x{n}"] = [[line[first + k] for k in range(n)] for first in range(0, len(test) - n + 1, n)]
+    return train, valid, [(name, rows) for name, rows in groups if rows], {name: p for name, p in parts.items() if p}
 
 
-def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
+def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None, joined=None):
     """Write the rows' model text to OUT_DIR/text and binarize it into OUT_DIR/data-bin (joined
     dictionary: built from train, or ``dictionary``); the test set is the groups one after the
-    other, their line ranges in data-bin/test_groups.json. Each directory is replaced as a whole,
+    other, their line ranges in data-bin/test_groups.json, the single sentences of the joined
+    groups (``joined``) in data-bin/test_joined.json. Each directory is replaced as a whole,
     marked as the harness's (:func:`out_dir_problem` checked that the old ones were). Returns
     (data-bin, groups, test rows)."""
     text_dir, data_bin = out_dir / "text", out_dir / "data-bin"
@@ -129,6 +142,8 @@ def binarize(out_dir, train, valid, groups, src, tgt, dictionary=None):
                "--joined-dictionary", "--workers", "1"]
         run_logged(cmd + (["--srcdict", dictionary] if dictionary else []), out_dir / "preprocess.log")
         (Path(directory) / GROUPS_FILE).write_text(json.dumps(ranges, indent=1))
+        if joined:
+            (Path(directory) / JOINED_FILE).write_text(json.dumps(joined))
         mark_as_made(directory)
 
     replace_directory(data_bin, write_data_bin)
@@ -218,11 +233,12 @@ def from_raw_dir(args, log):
     problem = removed_marker_problem(args, Path(args.raw_dir) / f"test.{tgt}", (r[3] for r in test))
     if problem:
         raise UserError(problem)
-    train, valid, groups = split_by_length(train, valid, test, args.length_split)
-    data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt)
+    train, valid, groups, joined = split_by_length(train, valid, test, args.length_split, args.joined_groups)
+    data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt, joined=joined)
     log(f"binarized {len(train)} train / {len(valid)} valid pairs; test groups "
         + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
-    return TestData(data_bin, ranges, [r[3] for r in test], None, [], args.out_dir / "text" / f"test.{src}")
+    return TestData(data_bin, ranges, [r[3] for r in test], None, [], args.out_dir / "text" / f"test.{src}",
+                    joined=joined)
 
 
 def from_prepared_dir(args, work_dir, log):
@@ -255,13 +271,14 @@ def from_prepared_dir(args, work_dir, log):
         log(f"using {prepared_bin} ({len(test)} test sentences)")
         return TestData(prepared_bin, {"test": [0, len(test)]}, [r[3] for r in test], [r[4] for r in test],
                         REMOVE_BPE[bpe_type], work_dir / "bpe" / f"test.{src}", bpe_type)
-    train, valid, groups = split_by_length(rows("train", "clean"), rows("valid", "tok"), test, args.length_split)
+    train, valid, groups, joined = split_by_length(rows("train", "clean"), rows("valid", "tok"), test,
+                                                   args.length_split, args.joined_groups)
     data_bin, ranges, test = binarize(args.out_dir, train, valid, groups, src, tgt,
-                                      dictionary=prepared_bin / f"dict.{src}.txt")
+                                      dictionary=prepared_bin / f"dict.{src}.txt", joined=joined)
     log(f"length split of {work_dir}: {len(train)} train / {len(valid)} valid pairs; test groups "
         + ", ".join(f"{k}: {v[1] - v[0]}" for k, v in ranges.items()))
     return TestData(data_bin, ranges, [r[3] for r in test], [r[4] for r in test], REMOVE_BPE[bpe_type],
-                    args.out_dir / "text" / f"test.{src}", bpe_type)
+                    args.out_dir / "text" / f"test.{src}", bpe_type, joined=joined)
 
 
 def quickstart_corpus(args, log, valid_size=300, test_size=500):
@@ -295,14 +312,16 @@ def from_data_bin(args, log):
         raise UserError(f"--data-bin {data_bin} has separate source and target dictionaries, but the recipe "
                         "(examples/wmt14_en_de/train.sh) shares all embeddings: binarize with fairseq-preprocess "
                         "--joined-dictionary, or give the text with --raw-dir or --prepared-dir", status=1)
-    groups_file = data_bin / GROUPS_FILE
-    if groups_file.is_file() and args.gen_subset == "test":
+    groups_file, joined_file = data_bin / GROUPS_FILE, data_bin / JOINED_FILE
+    joined = {}
+    if groups_file.is_file() and args.gen_subset == "test":  # a data-bin the harness made
         groups = json.loads(groups_file.read_text())
+        joined = json.loads(joined_file.read_text()) if joined_file.is_file() else {}
     else:
         groups = {args.gen_subset: [0, None]}  # all of it; the decoding tells how many
     bpe_type = data_bin / "bpe_type"
     generate_args = REMOVE_BPE.get(bpe_type.read_text().strip(), []) if bpe_type.is_file() else []
-    return TestData(data_bin, groups, None, None, generate_args)
+    return TestData(data_bin, groups, None, None, generate_args, joined=joined)
 
 
 def prepare(args, log):

@@ -13,6 +13,7 @@ scores: tokenized BLEU with compound splitting, detokenized sacreBLEU and chrF++
 * ``results.md`` -- per test group and variant: each score as mean, sample std and per-seed
   values over seeds; per seed, each score with its 95 % bootstrap confidence interval and the
   p-value of sacreBLEU's paired bootstrap test against ``--baseline`` (fairseq_rope_tools/research/significance.py);
+  for the joined groups, the sentence-split oracle of each decode and the share of it reached;
   validation loss, parameters, training speed; BLEU by source length; each decode's decoding time;
 * ``results.json`` -- every number of every run, and the significance tests;
 * ``valid_loss.png``, ``bleu_by_length.png``;
@@ -32,11 +33,17 @@ threads per training the numbers are those of one training at a time.
 
 Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``), ``rpe``
 (Shaw et al. 2018, ``transformer_rpe``), ``rope``, ``roper`` (``--rope-values``),
-``rope_linear`` (``--attention-kind linear``). Data (fairseq_rope_tools/research/compare_data.py): ``--prepared-dir
-WORK_DIR`` (a corpus prepared by prepare.sh), ``--quickstart-corpus`` (the synthetic corpus,
-prepared by prepare.sh here), ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
+``rope_linear`` (``--attention-kind linear``): the encodings, the default; and the training
+recipes for long inputs, named only: ``sinusoidal_concat`` and ``rope_concat`` (concatenation
+training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--concat-prob``),
+``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both). Data
+(fairseq_rope_tools/research/compare_data.py): ``--prepared-dir WORK_DIR`` (a corpus prepared by
+prepare.sh), ``--quickstart-corpus`` (the synthetic corpus, prepared by prepare.sh here),
+``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
 ``--length-split L`` trains on pairs of at most L words and tests on longer ones and on test
-pairs joined 2 and 3 at a time; RoPE variants can also be decoded with frequency scaling, the
+pairs joined N at a time for each N of ``--joined-groups`` (2 3 by default), each joined group
+also scored by its sentence-split oracle: the same decode's hypotheses of the single sentences,
+joined as the sources were. RoPE variants can also be decoded with frequency scaling, the
 same checkpoint through ``--model-overrides``: one factor for every sentence
 (``--extrapolation-scaling yarn:4``) or one per sentence from its length
 (``--extrapolation-scaling dynamic-yarn``). ``--ctranslate2-length-buckets`` also decodes RoPE
@@ -68,6 +75,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import List, NamedTuple
 
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import (
@@ -81,7 +89,7 @@ from fairseq_rope_tools.cli import (
     run_logged,
     terminate_running,
 )
-from fairseq_rope_tools.deploy.translate import remove_bpe
+from fairseq_rope_tools.deploy.segmentation import remove_bpe
 from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data, compare_report
@@ -91,16 +99,31 @@ from fairseq_rope_tools.training_log import parse_train_line, parse_train_log
 TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")
 RESULT_FORMAT = 3  # format 2 is upgraded (its trained model kept, its decodes redone); older is rerun
 
-# name -> (model family, flags); the family is mapped to an architecture by --size
+class Variant(NamedTuple):
+    family: str  # mapped to an architecture by --size
+    flags: List[str]
+    concatenation: bool = False  # trained with concatenation (train.sh's CONCAT_MAX_SENTENCES)
+    random_positions: bool = False  # trained with --rope-random-positions
+
+
 VARIANTS = {
-    "sinusoidal": ("transformer", []),
-    "learned": ("transformer", ["--encoder-learned-pos", "--decoder-learned-pos"]),
-    "none": ("transformer", ["--no-token-positional-embeddings"]),
-    "rpe": ("transformer_rpe", []),
-    "rope": ("transformer_rope", []),
-    "roper": ("transformer_rope", ["--rope-values"]),
-    "rope_linear": ("transformer_rope", ["--attention-kind", "linear"]),
+    "sinusoidal": Variant("transformer", []),
+    "learned": Variant("transformer", ["--encoder-learned-pos", "--decoder-learned-pos"]),
+    "none": Variant("transformer", ["--no-token-positional-embeddings"]),
+    "rpe": Variant("transformer_rpe", []),
+    "rope": Variant("transformer_rope", []),
+    "roper": Variant("transformer_rope", ["--rope-values"]),
+    "rope_linear": Variant("transformer_rope", ["--attention-kind", "linear"]),
+    # the training recipes for inputs longer than the training pairs (docs/position_encodings.md)
+    "sinusoidal_concat": Variant("transformer", [], concatenation=True),
+    "rope_concat": Variant("transformer_rope", [], concatenation=True),
+    "rope_randpos": Variant("transformer_rope", [], random_positions=True),
+    "rope_concat_randpos": Variant("transformer_rope", [], concatenation=True, random_positions=True),
 }
+ENCODINGS = [name for name, v in VARIANTS.items() if not (v.concatenation or v.random_positions)]  # the default
+# the options of the recipes, with their defaults: each is refused when no variant of --variants reads it
+RECIPE_OPTIONS = {"concat_max_sentences": ("concatenation", 3), "concat_prob": ("concatenation", 0.5),
+                  "rope_random_positions": ("random_positions", 4.0)}
 SIZES = {
     "tiny": {"transformer": "transformer_tiny", "transformer_rope": "transformer_rope_tiny",
              "transformer_rpe": "transformer_rpe_tiny"},
@@ -189,14 +212,17 @@ class Decoding:
 def run_settings(args, variant, seed):
     """Everything that decides a run's trained model (the threads per training aside); each
     decode's own settings are :func:`decode_settings`."""
-    family, flags = VARIANTS[variant]
-    return {"variant": variant, "seed": seed, "arch": SIZES[args.size][family], "flags": flags,
-            "recipe_env": recipe_env(args), "train_args": args.train_args,
+    spec = VARIANTS[variant]
+    flags = spec.flags + (["--rope-random-positions", f"{args.rope_random_positions:g}"]
+                          if spec.random_positions else [])
+    return {"variant": variant, "seed": seed, "arch": SIZES[args.size][spec.family], "flags": flags,
+            "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
             "average_last": args.average_last, "data": args.data_source}
 
 
-def recipe_env(args):
-    """The knobs of examples/wmt14_en_de/train.sh the comparison sets (all else: its defaults)."""
+def recipe_env(args, variant):
+    """The knobs of examples/wmt14_en_de/train.sh the comparison sets for a variant (all else:
+    its defaults)."""
     env = {"MAX_UPDATE": args.max_update, "LR": args.lr, "WARMUP_UPDATES": args.warmup_updates,
            "UPDATE_FREQ": 1, "SAVE_INTERVAL_UPDATES": args.save_interval_updates,
            "KEEP_INTERVAL_UPDATES": args.average_last,
@@ -207,6 +233,8 @@ def recipe_env(args):
         env["MAX_TOKENS"] = args.max_tokens
     if args.dropout is not None:
         env["DROPOUT"] = args.dropout
+    if VARIANTS[variant].concatenation:
+        env.update(CONCAT_MAX_SENTENCES=args.concat_max_sentences, CONCAT_PROB=f"{args.concat_prob:g}")
     return {k: str(v) for k, v in env.items()}
 
 
@@ -247,9 +275,13 @@ CT2_BUCKETS = "+ctranslate2-buckets"  # the row suffix of the CTranslate2 length
 
 
 def decode_settings(args, overrides):
-    """Everything that decides the numbers of one decode of a trained run."""
-    return {"overrides": overrides, "generate_args": args.generate_args,
-            "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b]}
+    """Everything that decides the numbers of one decode of a trained run (the joined groups
+    decide the test set)."""
+    settings = {"overrides": overrides, "generate_args": args.generate_args,
+                "decoding": [args.beam, args.lenpen, args.max_len_a, args.max_len_b]}
+    if args.length_split:
+        settings["joined_groups"] = args.joined_groups
+    return settings
 
 
 def wanted_decodes(args, variant):
@@ -327,6 +359,9 @@ def score_decode(args, data, rows, refs_tok, refs_raw):
         scores["sacrebleu"][group] = result["sacrebleu"]["score"]
         scores["chrf"][group] = result["chrf++"]["score"]
         scores["signatures"] = {"sacrebleu": result["sacrebleu"]["signature"], "chrf": result["chrf++"]["signature"]}
+    if data.joined:
+        scores["oracle"] = {group: oracle_scores(args, scores, group, data.groups[group], parts, hyps, refs_tok,
+                                                 refs_raw) for group, parts in data.joined.items()}
     edges = [0, *args.length_buckets, math.inf]
     scores["bleu_by_length"] = {}
     for lo, hi in zip(edges[:-1], edges[1:]):
@@ -336,6 +371,20 @@ def score_decode(args, data, rows, refs_tok, refs_raw):
             if picked else math.nan
         scores["bleu_by_length"][label] = {"bleu": bleu, "sentences": len(picked)}
     return scores, detok
+
+
+def oracle_scores(args, scores, group, line_range, parts, hyps, refs_tok, refs_raw):
+    """The sentence-split oracle of a joined group: the decode's own hypotheses of the single
+    sentences, joined as their sources were, scored against the group's references; and the
+    share of it the decode of the joined inputs reached (``ratio``, decoded / oracle; None where
+    the oracle scores 0)."""
+    start, end = line_range
+    joined = [" ".join(hyps[line] for line in lines) for lines in parts]
+    result, _ = score_bleu.score_all(joined, refs_tok[start:end], refs_raw[start:end], args.target_lang)
+    oracle = {"bleu": result["tokenized_bleu_compound_split"]["score"], "sacrebleu": result["sacrebleu"]["score"],
+              "chrf": result["chrf++"]["score"]}
+    ratio = {key: scores[key][group] / score if score else None for key, score in oracle.items()}
+    return {**oracle, "ratio": ratio}
 
 
 def run_one(args, data, variant, seed, slot):
@@ -438,7 +487,7 @@ def train_and_average(args, data, name, run_dir, settings, averaged, slot):
 
     record_elapsed(seconds_before)
     progress = TrainingProgress(name, args.max_update, seconds_before, record_elapsed)
-    env = {**slot, **recipe_env(args), "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
+    env = {**slot, **settings["recipe_env"], "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
            "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(settings["seed"]),
            "LOG_FILE": os.devnull}  # train.sh would tee into a log of its own; train.log is ours
     # through env(1), so that each attempt's first line in train.log is the complete command to rerun it by hand
@@ -561,6 +610,14 @@ def check_options_take_effect(p, args) -> None:
             p.error("--rope-scaling-original-length is read only by yarn and the dynamic kinds of "
                     "--extrapolation-scaling and by --ctranslate2-length-buckets, and none is asked for: "
                     "add one, or drop it")
+    check_recipe_options(p, args)
+    if args.joined_groups is not None and not args.length_split:
+        p.error("--joined-groups names the test groups of --length-split, which is not asked for: add it, or drop "
+                "--joined-groups")
+    args.joined_groups = sorted(set(args.joined_groups or [2, 3]))
+    if args.joined_groups[0] < 2:
+        p.error(f"--joined-groups: each is a number N >= 2 of test sentences joined into one input, got "
+                f"{args.joined_groups[0]}")
     if args.gen_subset != "test" and not args.data_bin:
         p.error(f"--gen-subset {args.gen_subset}: the references of --raw-dir, --prepared-dir and "
                 "--quickstart-corpus are their test set's; decode another subset of a --data-bin")
@@ -570,6 +627,26 @@ def check_options_take_effect(p, args) -> None:
     for name, default in QUICKSTART_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+
+
+def check_recipe_options(p, args) -> None:
+    """The options of the training recipes (:data:`RECIPE_OPTIONS`): refused when no variant
+    reads them, else checked and given their defaults."""
+    for name, (recipe, default) in RECIPE_OPTIONS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        elif not any(getattr(VARIANTS[v], recipe) for v in args.variants):
+            readers = " ".join(v for v, spec in VARIANTS.items() if getattr(spec, recipe))
+            p.error(f"--{name.replace('_', '-')} is read by the variants {readers}, and --variants names none: "
+                    "add one, or drop it")
+    if args.concat_max_sentences < 2:
+        p.error(f"--concat-max-sentences must be a number K >= 2 of sentences joined at most, got "
+                f"{args.concat_max_sentences}")
+    if not 0.0 < args.concat_prob <= 1.0:
+        p.error(f"--concat-prob must be a probability in (0, 1], got {args.concat_prob:g}")
+    if not (math.isfinite(args.rope_random_positions) and args.rope_random_positions > 1.0):
+        p.error(f"--rope-random-positions must be a number R > 1 (the range of positions, R times a sequence's "
+                f"length), got {args.rope_random_positions:g}")
 
 
 def needs_training_length(spec) -> bool:
@@ -593,7 +670,8 @@ def parse_args(argv=None):
     p.add_argument("--corpus-train-size", type=int, help="--quickstart-corpus training pairs (default 20000)")
     p.add_argument("--corpus-seed", type=int, help="--quickstart-corpus seed (default 1)")
     p.add_argument("--corpus-bpe-size", type=int, help="--quickstart-corpus BPE merges (default 2000)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=ENCODINGS, choices=list(VARIANTS),
+                   help=f"default: the encodings, {' '.join(ENCODINGS)}")
     p.add_argument("--baseline", default="sinusoidal", choices=list(VARIANTS),
                    help="the variant every other one is tested against (default sinusoidal)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
@@ -619,6 +697,17 @@ def parse_args(argv=None):
     p.add_argument("--gen-subset", default="test")
     p.add_argument("--length-split", type=int, default=None, metavar="L",
                    help="train on pairs of at most L words; test on longer and concatenated ones (not with --data-bin)")
+    p.add_argument("--joined-groups", nargs="+", type=int, default=None, metavar="N",
+                   help="with --length-split: test on consecutive test pairs joined N at a time, a group per N, "
+                        "each also scored by its sentence-split oracle (default: 2 3)")
+    p.add_argument("--concat-max-sentences", type=int, default=None, metavar="K",
+                   help="the variants with concat in their name join a training pair with 1 to K - 1 others "
+                        "(default 3)")
+    p.add_argument("--concat-prob", type=float, default=None, metavar="P",
+                   help="the variants with concat in their name join this share of the training pairs with others "
+                        "(default 0.5)")
+    p.add_argument("--rope-random-positions", type=float, default=None, metavar="R",
+                   help="the variants with randpos in their name train with --rope-random-positions R (default 4)")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
                    help="also decode RoPE variants with --rope-scaling METHOD and this factor, or METHOD "
                         "alone for a kind chosen per sentence (from its length and the training length the "

@@ -1,5 +1,6 @@
 """The report of fairseq-rope-compare: scores over seeds, significance tests
-against the baseline (fairseq_rope_tools/research/significance.py), results.md, results.json and the plots."""
+against the baseline (fairseq_rope_tools/research/significance.py), the joined groups against
+their sentence-split oracle, results.md, results.json and the plots."""
 
 import json
 import math
@@ -67,6 +68,11 @@ def build(args, data, results):
         for row, variant, suffix in rows_of(results):
             summary.setdefault(group, {})[row] = {
                 key: over_seeds([r["decodes"][suffix][key][group] for r in results[variant]]) for key in METRICS}
+            oracles = [r["decodes"][suffix].get("oracle", {}).get(group) for r in results[variant]]
+            if all(oracles):  # a joined group: its sentence-split oracle, and the share of it reached
+                summary[group][row]["oracle"] = {key: over_seeds([o[key] for o in oracles]) for key in METRICS}
+                summary[group][row]["oracle_ratio"] = {key: over_seeds([o["ratio"][key] for o in oracles])
+                                                       for key in METRICS}
     training = {variant: {key: over_seeds([r[key] for r in runs])
                           for key in ("valid_loss", "tokens_per_second", "train_seconds")}
                 for variant, runs in results.items()}
@@ -89,13 +95,45 @@ def fmt_seeds(stats, digits=2):
     return text + (f" ({', '.join(fmt(v, digits) for v in stats['per_seed'])})" if len(stats["per_seed"]) > 1 else "")
 
 
+def joined_groups(report):
+    """The test groups that have a sentence-split oracle, in order."""
+    return [group for group, rows in report["summary"].items() if any("oracle" in stats for stats in rows.values())]
+
+
+def percent(stats):
+    return "n/a" if stats["mean"] is None or math.isnan(stats["mean"]) else f"{100 * stats['mean']:.1f} %"
+
+
+def oracle_overview(report):
+    """The share of the sentence-split oracle each decode reaches on each joined group, beside its
+    score on the first group (the sentences as long as in training, with --length-split)."""
+    joined = joined_groups(report)
+    if not joined:
+        return []
+    first = next(iter(report["groups"]))
+    lines = ["", "## Joined inputs against the sentence-split oracle", "",
+             "tok BLEU of each joined group as a share of its sentence-split oracle (the same decode's hypotheses of "
+             "the single sentences, joined as the sources were, against the same references), mean over seeds, "
+             f"the oracle's BLEU in brackets; and the BLEU of `{first}`:", "",
+             "| variant | " + " | ".join(joined) + f" | {first} |", "|---|" + "---|" * (len(joined) + 1)]
+    summary = report["summary"]
+    for row in summary[joined[0]]:
+        cells = [f"{percent(stats['oracle_ratio']['bleu'])} ({fmt(stats['oracle']['bleu']['mean'])})"
+                 if "oracle" in stats else "n/a" for stats in (summary[g][row] for g in joined)]
+        lines.append(f"| `{row}` | " + " | ".join(cells) + f" | {fmt_seeds(summary[first][row]['bleu'])} |")
+    return lines
+
+
 def markdown(args, report):
     results, baseline = report["results"], report["baseline"]
     signatures = results[baseline][0]["decodes"][""].get("signatures", {})
+    # every variant's knobs but a training recipe's own (listed under the training table)
+    baseline_env = results[baseline][0]["settings"]["recipe_env"]
+    common_env = {k: v for k, v in baseline_env.items() if not k.startswith("CONCAT_")}
     lines = [
         "# Position encodings compared", "",
         "Trained by `examples/wmt14_en_de/train.sh` with "
-        f"{', '.join(f'{k}={v}' for k, v in report['results'][baseline][0]['settings']['recipe_env'].items())}; "
+        f"{', '.join(f'{k}={v}' for k, v in common_env.items())}; "
         f"architecture size `{args.size}`; seeds {', '.join(map(str, args.seeds))}"
         + (f"; extra fairseq-train arguments `{' '.join(args.train_args)}`" if args.train_args else "")
         + f". Average of the last {args.average_last} update checkpoints; beam {args.beam}, length penalty "
@@ -116,6 +154,14 @@ def markdown(args, report):
         lines.append(f"| `{variant}` | {fmt_seeds(stats['valid_loss'], 3)} | {f'{params:,}' if params else 'n/a'} | "
                      f"{fmt_seeds(stats['tokens_per_second'], 0)} | {fmt_seeds(stats['train_seconds'], 0)} |")
     lines.append("\nValidation loss: label-smoothed cross-entropy (base 2) at the last validation.")
+    recipes = {variant: (runs[0]["settings"]["recipe_env"], runs[0]["settings"]["flags"])
+               for variant, runs in results.items()}
+    own = [f"`{variant}`: " + " ".join([*(f"{k}={v}" for k, v in env.items() if k.startswith("CONCAT_")), *flags])
+           for variant, (env, flags) in recipes.items() if flags or any(k.startswith("CONCAT_") for k in env)]
+    if own:
+        lines.append("Each variant's own settings (CONCAT_*: train.sh's concatenation training): "
+                     + "; ".join(own) + ".")
+    lines += oracle_overview(report)
     names = significance.METRIC_NAMES
     for group, (start, end) in report["groups"].items():
         lines += ["", f"## {group} ({end - start} sentences)", "",
@@ -123,6 +169,15 @@ def markdown(args, report):
                   "| variant | " + " | ".join(names[k] for k in METRICS.values()) + " |", "|---|---|---|---|"]
         for row, stats in report["summary"][group].items():
             lines.append(f"| `{row}` | " + " | ".join(fmt_seeds(stats[k]) for k in METRICS) + " |")
+        if group in joined_groups(report):
+            lines += ["", "The sentence-split oracle (the same decode's single-sentence hypotheses joined as the "
+                      "sources were) and the share of it reached, mean over seeds:", "",
+                      "| variant | " + " | ".join(f"{names[k]} oracle | %" for k in METRICS.values()) + " |",
+                      "|---|" + "---|---|" * len(METRICS)]
+            for row, stats in report["summary"][group].items():
+                if "oracle" in stats:
+                    cells = [f"{fmt_seeds(stats['oracle'][k])} | {percent(stats['oracle_ratio'][k])}" for k in METRICS]
+                    lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
         lines += ["", f"Per seed: score ± half-width of its 95 % bootstrap confidence interval, and the p-value of the "
                   f"paired bootstrap test against `{baseline}` of the same seed ({significance.RESAMPLES} resamples, "
                   "sacreBLEU's seed; * p < 0.05):", "",
@@ -166,12 +221,13 @@ def _save_png(fig, path):
     plt.close(fig)
 
 
-def plot(args, results):
+def plot(args, report):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = report["results"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, runs in results.items():
         curves = [dict((u, loss) for u, loss, _ in r["valid_curve"]) for r in runs]
@@ -185,7 +241,9 @@ def plot(args, results):
     fig.tight_layout()
     _save_png(fig, args.out_dir / "valid_loss.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    joined = joined_groups(report)
+    fig, axes = plt.subplots(1, 2 if joined else 1, figsize=(14 if joined else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
     for row, variant, suffix in rows_of(results):
         buckets = list(results[variant][0]["decodes"][suffix]["bleu_by_length"])
         values = [over_seeds([r["decodes"][suffix]["bleu_by_length"][b]["bleu"] for r in results[variant]])["mean"]
@@ -196,6 +254,23 @@ def plot(args, results):
     ax.set(xlabel="source length (words)", ylabel="tok BLEU", title="BLEU by source length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if joined:  # each test group, the joined ones with their sentence-split oracle marked
+        ax = axes[0][1]
+        groups = list(report["groups"])
+        for row, _, suffix in rows_of(results):
+            summary = {g: report["summary"][g][row] for g in groups}
+            line, = ax.plot(range(len(groups)), [summary[g]["bleu"]["mean"] for g in groups], marker="o", label=row,
+                            linestyle="--" if suffix else "-")
+            at = [groups.index(g) for g in joined if "oracle" in summary[g]]
+            ax.plot(at, [summary[groups[i]]["oracle"]["bleu"]["mean"] for i in at], marker="_", markersize=16,
+                    markeredgewidth=2, linestyle="none", color=line.get_color())
+        ax.plot([], [], marker="_", markersize=16, markeredgewidth=2, linestyle="none", color="gray",
+                label="sentence-split oracle")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(groups, rotation=20)
+        ax.set(xlabel="test group", ylabel="tok BLEU", title="BLEU by test group; bars: the sentence-split oracle")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     _save_png(fig, args.out_dir / "bleu_by_length.png")
 
@@ -203,4 +278,4 @@ def plot(args, results):
 def write(args, report):
     write_text_atomically(args.out_dir / "results.json", json.dumps(report, indent=1))
     write_text_atomically(args.out_dir / "results.md", markdown(args, report))
-    plot(args, report["results"])
+    plot(args, report)

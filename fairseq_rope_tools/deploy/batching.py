@@ -1,0 +1,132 @@
+"""Driving an :class:`~fairseq_rope_tools.deploy.engine.Engine`: sources sorted by length into
+batches (:func:`translate_sorted`), lines batched as they arrive from a pipe or a terminal
+(:func:`batches_as_they_come`), and the policy for sources longer than the model takes
+(:class:`LengthLimit`)."""
+
+import itertools
+import queue
+import sys
+import threading
+import time
+from typing import Iterable, Iterator, List, Optional, Tuple
+
+from fairseq_rope_tools.cli import UserError, progress_sayer
+from fairseq_rope_tools.deploy.engine import Engine, Hypothesis
+
+TOO_LONG_POLICIES = ("refuse", "skip", "truncate")
+
+
+class LengthLimit:
+    """``--too-long``: a source longer than the model takes (its tokens and the ``</s>`` appended
+    must fit in ``limit`` positions) is refused (UserError, status 1: a 24k-token line would
+    otherwise take minutes and gigabytes, or be killed for memory without a word), skipped (no
+    translation: an empty output line) or truncated to its first ``limit - 1`` tokens. The lines
+    skipped or truncated are counted, for :meth:`report`. ``limit`` None: no limit is known."""
+
+    def __init__(self, limit: Optional[int], policy: str, path):
+        self.limit, self.policy, self.path = limit, policy, path
+        self.lines, self.first = 0, None
+
+    def apply(self, number: int, tokens: List[str]) -> Optional[List[str]]:
+        """The source of input line ``number`` as it is translated; None when it is skipped."""
+        if self.limit is None or len(tokens) + 1 <= self.limit:
+            return tokens
+        if self.policy == "refuse":
+            raise UserError(f"{self.path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
+                            f"{self.limit - 1}: split the line, raise the limit with --max-source-positions, or "
+                            "pass --too-long skip or truncate", status=1)
+        self.lines += 1
+        self.first = self.first or number
+        return None if self.policy == "skip" else tokens[:self.limit - 1]
+
+    def report(self) -> Optional[str]:
+        """One line on the lines skipped or truncated, or None when there were none."""
+        if not self.lines:
+            return None
+        done = ("skipped: their translations are empty" if self.policy == "skip"
+                else f"truncated to their first {self.limit - 1} tokens")
+        return (f"{self.path}: {self.lines} line{'s' if self.lines != 1 else ''} longer than the model takes "
+                f"({self.limit - 1} BPE tokens) {done} (first: line {self.first})")
+
+    def stats(self) -> dict:
+        return {"policy": self.policy, "limit": self.limit, "lines": self.lines, "first_line": self.first}
+
+
+def translate_sorted(engine: Engine, sources: List[Optional[List[str]]], batch_size: int,
+                     progress=False) -> Tuple[List[List[Hypothesis]], float]:
+    """The hypotheses of ``sources`` in input order, and the seconds spent decoding. Sentences are
+    sorted by the engine's group, then length, into batches; an empty or skipped (None) source
+    gets none. ``progress``: a bar on a terminal; elsewhere (a log) a plain line every tenth of the
+    way, since a bar is redrawn with carriage returns."""
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: (engine.group(sources[i]), len(sources[i])))
+    batches = [ids for _, group in itertools.groupby(order, key=lambda i: engine.group(sources[i]))
+               for ids in chunks(list(group), batch_size)]  # a batch holds one group
+    results: List[List[Hypothesis]] = [[] for _ in sources]
+    seconds = 0.0
+    from tqdm import tqdm
+
+    on_terminal = sys.stderr.isatty()
+    lines = progress_sayer("translate") if progress and not on_terminal else None
+    done = tenths = 0
+    with tqdm(total=len(order), unit="sent", disable=not (progress and on_terminal), file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        for ids in batches:
+            began = time.perf_counter()
+            out = engine.translate([sources[i] for i in ids])
+            seconds += time.perf_counter() - began
+            for i, hypotheses in zip(ids, out):
+                results[i] = hypotheses
+            bar.update(len(ids))
+            done += len(ids)
+            if lines is not None and done * 10 // len(order) > tenths:
+                tenths = done * 10 // len(order)
+                lines(f"{done}/{len(order)} sentences translated")
+    return results, seconds
+
+
+def chunks(items: list, size: int) -> List[list]:
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+_END = object()
+
+
+def batches_as_they_come(lines: Iterable[str], batch_size: int, wait: float) -> Iterator[List[Tuple[int, str]]]:
+    """(line number, line) in batches, each as soon as it holds ``batch_size`` lines or ``wait``
+    seconds after its first line came, whichever is first, and the rest at the end: a line sent
+    into a pipe that stays open gets its translation within ``wait`` seconds plus its decoding.
+    The lines are read by a thread; its error (invalid UTF-8 ...) is raised after the batch of
+    the lines before it."""
+    arrived: "queue.Queue" = queue.Queue()
+
+    def read():
+        try:
+            for item in enumerate(lines, 1):
+                arrived.put(item)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            arrived.put(e)
+        else:
+            arrived.put(_END)
+
+    threading.Thread(target=read, daemon=True).start()  # a daemon: stdin left open does not hold the exit
+    pending: List[Tuple[int, str]] = []
+    deadline = 0.0
+    while True:
+        try:
+            item = arrived.get(timeout=max(0.0, deadline - time.monotonic()) if pending else None)
+        except queue.Empty:
+            yield pending
+            pending = []
+            continue
+        if item is _END or isinstance(item, BaseException):
+            if pending:
+                yield pending
+            if item is _END:
+                return
+            raise item
+        pending.append(item)
+        if len(pending) == 1:
+            deadline = time.monotonic() + wait
+        if len(pending) >= batch_size:
+            yield pending
+            pending = []

@@ -1,0 +1,53 @@
+"""The seam between fairseq-rope-translate (and the benchmarks) and what decodes: an
+:class:`Engine` translates a batch of token lists, says the longest source it takes, and reports
+what it did. Implemented by
+:class:`~fairseq_rope_tools.deploy.ctranslate2_engine.CTranslate2Engine`,
+:class:`~fairseq_rope_tools.deploy.fairseq_engine.FairseqEngine` and the length-bucket router
+:class:`~fairseq_rope_tools.deploy.length_buckets.LengthBuckets`; driven by
+:mod:`~fairseq_rope_tools.deploy.batching`.
+
+A new engine is a module with a subclass of :class:`Engine` and an entry in fairseq-rope-translate's
+table of engines (``translate.ENGINES``); nothing else changes.
+"""
+
+from dataclasses import dataclass
+from typing import List, NamedTuple, Optional
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Beam search as fairseq-generate in evaluate.sh runs it."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    max_len: int = 200     # target tokens before </s> (fairseq-generate's --max-len-b with --max-len-a 0)
+    nbest: int = 1         # hypotheses returned per source, best first (at most ``beam``)
+
+
+class Hypothesis(NamedTuple):
+    tokens: List[str]
+    score: float           # the engine's own: log-probability normalised by length ** lenpen
+
+
+class Engine:
+    """Translates batches of sources (lists of the model's source tokens, without ``</s>``)."""
+
+    name = "engine"
+    #: the longest source in positions (its tokens and the ``</s>`` appended), None when unknown
+    max_source: Optional[int] = None
+
+    def translate(self, batch: List[List[str]]) -> List[List[Hypothesis]]:
+        """The ``nbest`` hypotheses of every source of ``batch`` (none empty), best first, in order."""
+        raise NotImplementedError
+
+    def group(self, source: List[str]) -> int:
+        """Sources of one group go into one batch (the router: the bucket of the source's length)."""
+        return 0
+
+    def report(self) -> dict:
+        """What the engine did, for --stats-json (empty: nothing beyond the decoding time)."""
+        return {}
+
+    def summary(self) -> Optional[str]:
+        """:meth:`report` as one line for stderr, or None."""
+        return None
