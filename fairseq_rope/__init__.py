@@ -19,5 +19,8 @@ from .patches import install_patches  # noqa: E402  (after the check: it imports
 install_patches()
 
 from . import models, modules, tasks  # noqa: E402,F401  (register with fairseq)
+from .modules.fused_rotary import fused_switched_on  # noqa: E402
+
+fused_switched_on()  # a bad FAIRSEQ_ROPE_FUSED stops the command here, in one line, not at the first CUDA step
 
 __version__ = "0.1.0"

@@ -3,9 +3,12 @@
 Since torch 2.6 ``torch.load`` refuses any pickled class that is not allow-listed. fairseq
 checkpoints hold an ``argparse.Namespace`` (the model arguments) and, after ``--eval-bleu`` or
 ``--best-checkpoint-metric`` runs, numpy scalars and small numeric numpy arrays (BLEU n-gram
-counts in the saved meters). ``patches`` allow-lists exactly those types -- nothing is loaded
-with ``weights_only=False``. torch before 2.4 has no allow-list (``add_safe_globals``), and
-before 2.6 does not load with ``weights_only=True`` unless asked to: there, nothing is needed.
+counts in the saved meters). ``patches`` allow-lists exactly those types, and the plugin's and
+the tools' own loads ask for ``weights_only=True`` wherever torch has the allow-list (2.4 and
+later: :func:`safe_load_kwargs`). torch before 2.4 has no allow-list (``add_safe_globals``): there
+a checkpoint is unpickled in full, by fairseq and by the tools alike, so load only checkpoints you
+trust (fairseq's own loads, as fairseq-train and -generate make them, follow torch's default,
+``weights_only=True`` from 2.6 on).
 """
 
 import argparse
@@ -24,6 +27,13 @@ def _numpy_types():
 
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace, *_numpy_types()]
+
+
+def safe_load_kwargs(serialization) -> dict:
+    """The ``torch.load`` keyword that loads fairseq checkpoints without running pickled code:
+    ``weights_only=True`` where ``serialization`` (``torch.serialization``) has the allow-list that
+    lets them load so (torch >= 2.4); none before, where such a load would refuse them."""
+    return {"weights_only": True} if hasattr(serialization, "add_safe_globals") else {}
 
 
 def allow_fairseq_checkpoint_types(serialization) -> None:

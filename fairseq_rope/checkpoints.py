@@ -33,6 +33,7 @@ from fairseq.file_io import PathManager
 
 from fairseq_rope_tools.files import write_atomically
 
+from .checkpoint_safe_globals import safe_load_kwargs
 from .config_values import OneLineError, config_value
 from .model_options import check_model_overrides, check_resumed_model, model_config, trained_model_differences
 from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
@@ -86,7 +87,8 @@ def is_legacy_checkpoint(path) -> bool:
 def load_cheaply(path):
     """The checkpoint ``path`` loaded with its tensors mapped, not read (a legacy-format one, which
     torch cannot map, read whole)."""
-    return torch.load(path, map_location="cpu", mmap=not is_legacy_checkpoint(path))
+    return torch.load(path, map_location="cpu", mmap=not is_legacy_checkpoint(path),
+                      **safe_load_kwargs(torch.serialization))
 
 
 def _updates(path: str) -> int:
@@ -248,6 +250,26 @@ def dictionaries_record(task) -> Optional[dict]:
     """``{"source": fingerprint, "target": fingerprint}`` of a task's dictionaries; None if it has none."""
     record = {side: dictionary_fingerprint(getattr(task, f"{side}_dictionary", None)) for side in ("source", "target")}
     return record if any(record.values()) else None
+
+
+def dictionaries_of(state) -> Optional[dict]:
+    """The dictionaries' fingerprints of a loaded checkpoint: as it records them, else (saved before
+    they were recorded) from the dictionaries of the data-bin its configuration names, where they
+    still are; None when neither can be had."""
+    record = state.get(DICTIONARIES)
+    if isinstance(record, dict):
+        return record
+    cfg = state.get("cfg")
+    task = config_value(cfg, "task") if cfg is not None else state.get("args")
+    data, langs = config_value(task, "data"), (config_value(task, "source_lang"), config_value(task, "target_lang"))
+    if not data or None in langs:
+        return None
+    paths = [os.path.join(str(data).split(os.pathsep)[0], f"dict.{lang}.txt") for lang in langs]
+    if not all(os.path.isfile(path) for path in paths):
+        return None
+    from fairseq.data import Dictionary
+
+    return {side: dictionary_fingerprint(Dictionary.load(path)) for side, path in zip(("source", "target"), paths)}
 
 
 def _records_dictionaries(state_dict):

@@ -34,7 +34,7 @@ FAIRSEQ_FLOOR = "0.12.2"
 SUPPORTED = {
     "Python": f">= {PYTHON_FLOOR}",
     "torch": f">= {TORCH_FLOOR}",
-    "fairseq": f">= {FAIRSEQ_FLOOR}, < 0.13 (on Python 3.11: the fork fairseq-fixed 0.12.3.1)",
+    "fairseq": f">= {FAIRSEQ_FLOOR} (on Python 3.11: the fork fairseq-fixed 0.12.3.1)",
 }
 
 

@@ -152,3 +152,29 @@ def test_quant_noise_projections_and_weight_updates():
             attn.q_proj.weight.data.add_(0.25)
             attn.eval()
         assert_same(stock(x, x, x), rotary(x, x, x))
+
+
+def test_decoding_steps_form_scores_as_fairseq_does_not_through_sdpa(monkeypatch):
+    """An incremental step -- decoder self-attention, and encoder-decoder attention whose beams
+    fold into several query rows -- takes the two-matmul path of fairseq's own attention: SDPA
+    picks a backend per shape, and on a Hopper GPU in fp16 its cuDNN one built a graph for every
+    new key length (RoPE decoded at half sinusoidal's speed; docs/gpu.md). Full sequences keep SDPA."""
+    import torch.nn.functional as F
+
+    sdpa_calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: sdpa_calls.append(1) or sdpa(*a, **k))
+    self_stock, self_rotary = pair(dict(need_weights=False), self_attention=True)
+    cross_stock, cross_rotary = pair(dict(need_weights=False), encoder_decoder_attention=True, kdim=24, vdim=24)
+    beam, sentences, S = 4, 2, 5
+    for attn in (cross_stock, cross_rotary):
+        attn.set_beam_size(beam)
+    encoder_out = torch.randn(S, sentences, 24).repeat_interleave(beam, dim=1)
+    xs = [torch.randn(1, sentences * beam, E) for _ in range(3)]
+    decode_steps(self_stock, self_rotary, [dict(query=x, key=x, value=x, need_weights=False) for x in xs], {})
+    decode_steps(cross_stock, cross_rotary, [dict(query=x, key=encoder_out, value=encoder_out, static_kv=True,
+                                                  need_weights=False) for x in xs], {})
+    assert sdpa_calls == []
+    x = torch.randn(6, 2, E)
+    self_rotary(x, x, x, need_weights=False)
+    assert sdpa_calls == [1]

@@ -422,3 +422,33 @@ def test_partial_from_sigkill_is_never_taken_for_a_checkpoint(tmp_path):
     avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(tmp_path / "avg.pt")])
     avg.main(["--inputs", str(tmp_path), "--num-update-checkpoints", "2", "--output", str(out)])
     assert not partial[0].exists() and torch.load(out)["model"]["w"][0, 0].item() == 15.0
+
+
+def _with_task(path, data):
+    """The checkpoint ``path``, its configuration naming the data-bin ``data`` (en -> de)."""
+    state = torch.load(path, weights_only=False)
+    state["cfg"]["task"] = argparse.Namespace(data=str(data), source_lang="en", target_lang="de")
+    torch.save(state, path)
+    return path
+
+
+def test_checkpoints_that_record_no_dictionaries_are_compared_through_their_data_bin(tmp_path, capsys):
+    """Checkpoints saved before the fingerprints were recorded (every one on disk until now): the
+    dictionaries of the data-bin their configuration names are compared where they still are, and
+    a warning names the inputs whose dictionaries cannot be known."""
+    for name, words in (("ours", ("Haus", "Katze")), ("reordered", ("Katze", "Haus"))):
+        (tmp_path / name).mkdir()
+        for lang in ("en", "de"):
+            (tmp_path / name / f"dict.{lang}.txt").write_text("".join(f"{w} 1\n" for w in words))
+    first = _with_task(_rope_checkpoint(tmp_path / "a.pt", 0), tmp_path / "ours")
+    other = _with_task(_rope_checkpoint(tmp_path / "b.pt", 1), tmp_path / "reordered")
+    assert "was trained with another source dictionary" in stopped(
+        ["--inputs", str(first), str(other), "--output", str(tmp_path / "avg.pt")], capsys)
+    same = _with_task(_rope_checkpoint(tmp_path / "c.pt", 2), tmp_path / "ours")
+    avg.main(["--inputs", str(first), str(same), "--output", str(tmp_path / "avg.pt")])
+    assert torch.load(tmp_path / "avg.pt")[DICTIONARIES]["source"] == fingerprint("Haus", "Katze")
+    assert "warning" not in capsys.readouterr().err
+    gone = _with_task(_rope_checkpoint(tmp_path / "d.pt", 3), tmp_path / "deleted")
+    avg.main(["--inputs", str(first), str(gone), "--output", str(tmp_path / "avg.pt")])
+    err = capsys.readouterr().err
+    assert f"warning: {gone} record no dictionaries" in err and "are not compared" in err

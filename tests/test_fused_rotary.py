@@ -141,3 +141,28 @@ def test_fused_rotation_inside_the_model_matches_cpu():
     got, _ = attn.cuda()(x.cuda(), x.cuda(), x.cuda(), key_padding_mask=mask.cuda(), need_weights=False)
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
     assert fused_rotary._KERNEL not in (None, False)
+
+
+def test_a_triton_without_tl_join_leaves_the_reference_path(monkeypatch, caplog):
+    """The kernel takes pairs apart with tl.split / tl.join (Triton 3.0): torch 2.1-2.3 bring a
+    Triton 2.x, which must mean the reference rotation with a warning, not a failed first step."""
+    triton = pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # where the kernel would run on this machine
+    monkeypatch.setattr(fused_rotary, "_KERNEL", None)
+    monkeypatch.setattr(triton, "__version__", "2.2.0")
+    assert not fused_rotary.fused_runs_on("cpu")
+    assert "Triton 2.2.0 is older than 3.0" in caplog.text
+    assert fused_rotary.triton_release("3.6.0+git1a2b") == (3, 6, 0) >= fused_rotary.TRITON_FLOOR
+
+
+def test_fairseq_rope_fused_switches_the_kernel_off_and_refuses_other_values(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fused_rotary, "_KERNEL", None)
+    if not fused_rotary.fused_runs_on("cpu"):
+        pytest.skip("Triton's interpreter does not run the fused kernel here")
+    monkeypatch.setenv(fused_rotary.FUSED_SWITCH, "0")
+    assert not fused_rotary.fused_runs_on("cpu")  # the same model, the reference rotation
+    monkeypatch.setenv(fused_rotary.FUSED_SWITCH, "yes")
+    with pytest.raises(fused_rotary.OptionError, match="^FAIRSEQ_ROPE_FUSED='yes': set it to 1"):
+        fused_rotary.fused_switched_on()

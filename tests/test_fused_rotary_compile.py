@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from fairseq_rope.modules.fused_rotary import kernel_constexprs
+from fairseq_rope.modules.fused_rotary import kernel_constexprs, launch_tile
 from fairseq_rope.modules.rotary import LAYOUTS
 
 pytestmark = pytest.mark.skipif(
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 
 TARGETS = (80, 90)
 DTYPES = ("fp32", "fp16", "bf16")
+ELEMENT_SIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 SIGNS = (1.0, -1.0)
 HEAD_DIMS = range(16, 257)
 POINTERS = ("x_ptr", "ox_ptr", "y_ptr", "oy_ptr")
@@ -53,7 +54,7 @@ def architecture_launch_heads():
         ARCH_CONFIG_REGISTRY[arch](args)
         for heads in (args.encoder_attention_heads, args.decoder_attention_heads):
             for launched in (heads, 2 * heads, 3 * heads):
-                block = kernel_constexprs(launched, 64, 64, "interleaved", 1.0)["BLOCK_H"]
+                block = kernel_constexprs(launched, 64, 64, "interleaved", 1.0, 2)["BLOCK_H"]
                 by_block.setdefault(block, launched)
     return [by_block[block] for block in sorted(by_block)]
 
@@ -63,7 +64,7 @@ def tiles():
     found = {}
     for layout, head_dim in itertools.product(LAYOUTS, HEAD_DIMS):
         for rotary_dim in range(2, head_dim + 1, 2):
-            c = kernel_constexprs(1, head_dim, rotary_dim, layout, 1.0)
+            c = kernel_constexprs(1, head_dim, rotary_dim, layout, 1.0, 2)
             found.setdefault((layout, c["BLOCK_D"]), []).append((head_dim, rotary_dim))
     return found
 
@@ -85,7 +86,7 @@ def compilations():
         shapes = tile_extremes(layout)
         for turn, (dtype, sign, heads) in enumerate(turns):
             head_dim, rotary_dim = shapes[turn % len(shapes)]
-            compiles.append((target, dtype, kernel_constexprs(heads, head_dim, rotary_dim, layout, sign)))
+            compiles.append((target, dtype, kernel_constexprs(heads, head_dim, rotary_dim, layout, sign, ELEMENT_SIZE[dtype])))
     return compiles
 
 
@@ -113,7 +114,9 @@ def compile_one(target, dtype, constexprs, aligned=()):
         fn=_KERNEL, signature=signature, constexprs={(names.index(c),): v for c, v in constexprs.items()},
         attrs={(names.index(name),): [["tt.divisibility", 16]] for name in aligned},
     )
-    compiled = triton.compile(source, target=GPUTarget("cuda", target, 32))
+    layout = "interleaved" if constexprs["INTERLEAVED"] else "half"
+    options = {"num_warps": launch_tile(layout, ELEMENT_SIZE[dtype])[1]}  # as the launch asks
+    compiled = triton.compile(source, target=GPUTarget("cuda", target, 32), options=options)
     return compiled.asm.get("ptx", ""), len(compiled.asm.get("cubin", b""))
 
 
@@ -152,7 +155,7 @@ def test_every_variant_compiles_to_ptx_and_cubin(compiled):
 def test_the_variants_cover_every_tile_and_argument():
     variants = compilations()
     assert len({(t, d, tuple(sorted(c.items()))) for t, d, c in variants}) == len(variants)  # no duplicate
-    blocks_h = {kernel_constexprs(h, 64, 64, "interleaved", 1.0)["BLOCK_H"] for h in architecture_launch_heads()}
+    blocks_h = {kernel_constexprs(h, 64, 64, "interleaved", 1.0, 2)["BLOCK_H"] for h in architecture_launch_heads()}
     assert blocks_h == {2, 4, 8, 16, 32, 64}  # tiny (2 heads) to big (16 heads) with RoPER (48)
     blocks_d = {16, 32, 64, 128, 256}
     assert {block for _, block in tiles()} == blocks_d
@@ -184,7 +187,7 @@ def test_base_size_reads_and_writes_16_byte_vectors(layout, dtype, monkeypatch, 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     for heads in (8, 16):  # transformer_rope (q and k as one launch of 2 x 8 heads, or one tensor)
-        ptx, _ = compile_one(90, dtype, kernel_constexprs(heads, 64, 64, layout, 1.0), ALIGNED_AT_BASE_SIZE)
+        ptx, _ = compile_one(90, dtype, kernel_constexprs(heads, 64, 64, layout, 1.0, ELEMENT_SIZE[dtype]), ALIGNED_AT_BASE_SIZE)
         stores = set(re.findall(r"st\.global(?:\.\w+)+", ptx))
         loads = set(re.findall(r"ld\.global(?:\.\w+)+", ptx))
         assert stores == {"st.global.v4.b32"}, (heads, stores)

@@ -72,13 +72,13 @@ def test_the_floors_and_tested_versions_are_stated_alike_everywhere():
 
     assert table["Python"][0] == f">= {requirements.PYTHON_FLOOR}"
     assert table["torch"][:2] == [f">= {requirements.TORCH_FLOOR}", f"{installed_by_setup('TORCH_SPEC')} (CPU wheel)"]
-    assert table["fairseq"][0].startswith(f">= {requirements.FAIRSEQ_FLOOR}, < 0.13: {', '.join(FAIRSEQ_VERSIONS[:-1])}")
+    assert table["fairseq"][0].startswith(f">= {requirements.FAIRSEQ_FLOOR}: {', '.join(FAIRSEQ_VERSIONS[:-1])}")
     assert table["fairseq"][1] == f"fairseq-fixed {installed_by_setup('FAIRSEQ_SPEC')}"
     assert table["Triton (optional: the fused rotation on CUDA)"][1].startswith(installed_by_setup("TRITON_FALLBACK_SPEC"))
     assert "hydra-core==1.3.2 omegaconf==2.3.0" in setup and table["hydra-core, omegaconf"][1] == "1.3.2, 2.3.0"
     stated = re.search(r"^#   (Python .*)$", (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
     assert stated.startswith(f"Python >= {requirements.PYTHON_FLOOR}, torch >= {requirements.TORCH_FLOOR}, "
-                             f"fairseq >= {requirements.FAIRSEQ_FLOOR}, < 0.13")
+                             f"fairseq >= {requirements.FAIRSEQ_FLOOR}")
 
 
 # ------------------------------------------------------------------ the check at import
@@ -103,9 +103,9 @@ def fake_import(**versions):
     ("3.8.18", "2.1.0", "0.12.2", "fairseq_rope needs Python >= 3.9, found Python 3.8.18 for "),
     ("3.11.4", None, None, "fairseq_rope needs torch >= 2.1, which is not installed for "),
     ("3.11.4", "2.0.1+cu118", "0.12.2", "fairseq_rope needs torch >= 2.1, found torch 2.0.1+cu118 for "),
-    ("3.11.4", "2.13.0", None, "fairseq_rope needs fairseq >= 0.12.2, < 0.13 (on Python 3.11: the fork "
+    ("3.11.4", "2.13.0", None, "fairseq_rope needs fairseq >= 0.12.2 (on Python 3.11: the fork "
                                "fairseq-fixed 0.12.3.1), which is not installed for "),
-    ("3.11.4", "2.13.0", "0.10.2", "fairseq_rope needs fairseq >= 0.12.2, < 0.13 (on Python 3.11: the fork "
+    ("3.11.4", "2.13.0", "0.10.2", "fairseq_rope needs fairseq >= 0.12.2 (on Python 3.11: the fork "
                                    "fairseq-fixed 0.12.3.1), found fairseq 0.10.2 for "),
 ])
 def test_a_missing_or_old_requirement_is_named_with_the_version_found_and_the_range(python, torch, fairseq, refused):
@@ -278,7 +278,7 @@ def test_the_plugin_imports_trains_and_resumes_on_a_torch_without_add_safe_globa
 @pytest.mark.e2e
 @pytest.mark.parametrize("prelude, refusal", [
     ("import fairseq; fairseq.__version__ = '0.10.2'",
-     "fairseq-train: error: fairseq_rope needs fairseq >= 0.12.2, < 0.13 (on Python 3.11: the fork fairseq-fixed "
+     "fairseq-train: error: fairseq_rope needs fairseq >= 0.12.2 (on Python 3.11: the fork fairseq-fixed "
      "0.12.3.1), found fairseq 0.10.2 for "),
     ("import torch; torch.__version__ = '2.0.1'",
      "fairseq-train: error: fairseq_rope needs torch >= 2.1, found torch 2.0.1 for "),

@@ -68,3 +68,14 @@ def test_another_fairseq_is_left_unpatched_and_one_warning_names_what_is_lost():
     for patch in FAIRSEQ_PATCHES:
         assert f"{patch.name}: {patch.why}" in warnings[0]
     assert "sys.excepthook" not in warnings[0] and "torch.serialization" not in warnings[0]
+
+
+def test_the_plugin_and_tools_load_weights_only_where_torch_can():
+    """torch 2.4 and 2.5 have the allow-list but load with weights_only=False by default: the
+    plugin's and the tools' own loads ask for weights_only=True there; before 2.4 they cannot."""
+    from types import SimpleNamespace
+
+    from fairseq_rope.checkpoint_safe_globals import safe_load_kwargs
+
+    assert safe_load_kwargs(SimpleNamespace(add_safe_globals=lambda types: None)) == {"weights_only": True}
+    assert safe_load_kwargs(SimpleNamespace()) == {}

@@ -192,10 +192,7 @@ class PositionalMultiheadAttention(MultiheadAttention):
 
         dropout_p = self.dropout_module.p if self.training or self.dropout_module.apply_during_inference else 0.0
         weights = None
-        # A single query row (an incremental decoding step) on the CPU runs about twice as fast
-        # as two batched matmuls than through SDPA's flash kernel (torch 2.13, beam-search batches).
-        single_query_on_cpu = q.size(2) == 1 and q.device.type == "cpu"
-        if not (need_weights or single_query_on_cpu or self.positions.needs_explicit_scores):
+        if not (need_weights or explicit_scores_for_step(tgt_len) or self.positions.needs_explicit_scores):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
             rows = q.size(2)
@@ -226,6 +223,15 @@ class PositionalMultiheadAttention(MultiheadAttention):
         if weights is not None:
             weights = weights.reshape(bsz, heads, tgt_len, src_len).transpose(0, 1)
         return out, weights
+
+
+def explicit_scores_for_step(tgt_len: int) -> bool:
+    """Whether attention forms its scores with two batched matmuls rather than SDPA: for an
+    incremental decoding step (one query per sentence or beam), as fairseq's own attention does.
+    On the CPU that runs about twice as fast as SDPA's flash kernel (torch 2.13, beam-search
+    batches); on a Hopper GPU in fp16, SDPA's cuDNN backend built a graph for each new key length
+    and RoPE decoded at half the speed of sinusoidal (docs/gpu.md)."""
+    return tgt_len == 1
 
 
 def _concatenate(weights_and_biases) -> Tuple[Tensor, Optional[Tensor]]:

@@ -22,19 +22,27 @@ kernel computes, so the kernel and every model path through it are tested on mac
 GPU (:func:`fused_runs_on`).
 """
 
+import logging
 import os
+import re
 from typing import Dict, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ..config_values import OptionError
 from .rotary import check_layout, next_power_of_two
 
+logger = logging.getLogger(__name__)
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
 FUSED_SWITCH = "FAIRSEQ_ROPE_FUSED"
-TILE_ELEMENTS = 4096  # per program: (rows, heads, head_dim) of one tensor
-NUM_WARPS = 4
+# (elements per program, warps) of a launch, by layout and element size in bytes: the fastest of
+# an H200 sweep of tiles 1024-16384 and 1-8 warps (docs/benchmark_runs/
+# gpu_h200_fp16_decoding_training_bandwidth.json); fp16 in the interleaved layout moved 3,642 GB/s
+# with (1024, 1) against 3,279 with the former (4096, 4) at 16 heads, 2,825 against 2,245 at 8
+TILES = {("interleaved", 2): (1024, 1), ("half", 2): (2048, 8), ("interleaved", 4): (2048, 4)}
+DEFAULT_TILE = (4096, 4)  # combinations the sweep did not measure
 # the kernel's integer arguments that vary with the batch: its size, the token count, the position
 # strides (a (B, T) table's row stride is T)
 UNSPECIALIZED = ("batch", "rows", "sp_t", "sp_b")
@@ -135,18 +143,34 @@ def fused_switched_on() -> bool:
     every call, so that one process can time both."""
     value = os.environ.get(FUSED_SWITCH, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"{FUSED_SWITCH}={value!r}: set it to 1 (the fused kernel, the default) or 0 "
-                         "(the reference rotation), or unset it")
+        raise OptionError(f"{FUSED_SWITCH}={value!r}: set it to 1 (the fused kernel, the default) or 0 "
+                          "(the reference rotation), or unset it")
     return value == "1"
 
 
+# the kernel takes the pairs of a tile apart with tl.split / tl.join, which Triton 3.0 brought
+TRITON_FLOOR = (3, 0)
+
+
+def triton_release(version: str) -> Tuple[int, ...]:
+    """``3.6.0`` -> (3, 6, 0); a pre-release or local build counts as its release."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
 def fused_available() -> bool:
-    """True when Triton imports and CUDA is up or its interpreter is on (checked once, lazily)."""
+    """True when a Triton >= 3.0 imports and CUDA is up or its interpreter is on (checked once,
+    lazily); an older Triton (torch 2.1-2.3 bring 2.x) leaves the reference path, with a warning."""
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = False
         if torch.cuda.is_available() or interpreting():
             try:
+                import triton
+
+                if triton_release(triton.__version__) < TRITON_FLOOR:
+                    logger.warning(f"Triton {triton.__version__} is older than 3.0, which the fused rotation "
+                                   "needs: RoPE rotates without it (pip install 'triton>=3.0' for the kernel)")
+                    return False
                 _KERNEL = _build_kernel()
             except Exception:  # no Triton, or one that does not work here: reference path
                 _KERNEL = False
@@ -162,21 +186,28 @@ def fused_runs_on(device) -> bool:
     return on_device and fused_switched_on() and fused_available()
 
 
+def launch_tile(layout: str, element_size: int) -> Tuple[int, int]:
+    """(elements per program, warps) of a launch on tensors of ``element_size`` bytes."""
+    return TILES.get((layout, element_size), DEFAULT_TILE)
+
+
 def kernel_constexprs(heads: int, head_dim: int, rotary_dim: int, layout: str,
-                      sign: float) -> Dict[str, Union[bool, float, int]]:
+                      sign: float, element_size: int) -> Dict[str, Union[bool, float, int]]:
     """The compile-time arguments of one launch on (time, batch, ``heads``, ``head_dim``) tensors
-    rotating ``rotary_dim`` channels: each distinct value is a separate compilation of the kernel
-    (the ahead-of-time compile tests build every one a model can ask for from this function)."""
+    of ``element_size`` bytes rotating ``rotary_dim`` channels: each distinct value is a separate
+    compilation of the kernel (the ahead-of-time compile tests build every one a model can ask
+    for from this function)."""
     block_h, block_d = next_power_of_two(heads), next_power_of_two(head_dim)
+    tile_elements, _ = launch_tile(layout, element_size)
     return dict(
         SIGN=sign,
         HALF=rotary_dim // 2,
         INTERLEAVED=layout == "interleaved",
         BLOCK_H=block_h,
         BLOCK_D=block_d,
-        # rows per program: tiles of about TILE_ELEMENTS, so that small heads still make work
+        # rows per program: tiles of about tile_elements, so that small heads still make work
         # enough per program to keep the memory system busy
-        ROWS=max(1, TILE_ELEMENTS // (block_h * block_d)),
+        ROWS=max(1, tile_elements // (block_h * block_d)),
     )
 
 
@@ -191,7 +222,7 @@ def launch_arguments(xs: Sequence[Tensor], outs: Sequence[Tensor], cos_table: Te
     else:
         sp_b, sp_t = positions.stride(0), positions.stride(1)
     T, B, H, D = x.shape
-    constexprs = kernel_constexprs(H, D, 2 * cos_table.size(-1), layout, sign)
+    constexprs = kernel_constexprs(H, D, 2 * cos_table.size(-1), layout, sign, x.element_size())
     arguments = (
         x, ox, y, oy, cos_table, sin_table, positions,
         B, T * B,
@@ -202,7 +233,8 @@ def launch_arguments(xs: Sequence[Tensor], outs: Sequence[Tensor], cos_table: Te
         sp_t, sp_b,
         H, D, cos_table.stride(0),
     )
-    return (-(-T * B // constexprs["ROWS"]), len(xs)), arguments, dict(num_warps=NUM_WARPS, **constexprs)
+    num_warps = launch_tile(layout, x.element_size())[1]
+    return (-(-T * B // constexprs["ROWS"]), len(xs)), arguments, dict(num_warps=num_warps, **constexprs)
 
 
 def _launch(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
@@ -250,4 +282,4 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
 
 
 __all__ = ["FUSED_SWITCH", "fused_available", "fused_rotate", "fused_runs_on", "fused_switched_on", "interpreting",
-           "kernel_constexprs", "launch_arguments"]
+           "kernel_constexprs", "launch_arguments", "launch_tile"]

@@ -12,7 +12,7 @@ join that would exceed the longest input the model and the task accept (``--max-
 own, untouched. The training length the checkpoint records (``training_lengths``) is counted
 from the batches the model is given, so it is that of the joined pairs.
 
-Usable from stock ``fairseq-train --user-dir fairseq_rope --task translation_concat``; decoding
+Usable from stock ``fairseq-train --user-dir "$(fairseq-rope-user-dir)" --task translation_concat``; decoding
 needs no such task (``fairseq-generate`` with ``--task translation`` reads the same data).
 """
 

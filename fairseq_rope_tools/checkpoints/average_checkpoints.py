@@ -12,14 +12,16 @@ Same command line as fairseq's ``fairseq-rope-average``::
     # an explicit list
     fairseq-rope-average --inputs a.pt b.pt c.pt --output avg.pt
 
-Checkpoints are loaded with torch's safe default (``weights_only=True``; importing
+Checkpoints are loaded with ``weights_only=True`` where torch has the allow-list (2.4 and later;
+before, they are unpickled in full: average only checkpoints you trust; importing
 ``fairseq_rope`` allow-lists the few types fairseq checkpoints hold), those in torch's legacy
 format (before torch 1.6) too. All inputs must be the same model: the same parameter names and
 shapes, the same value of every option that changes what the weights compute (architecture,
 dimensions, every ``rope_*`` / ``rpe_*`` option, attention kind), and the same source and target
-dictionaries where the checkpoints record them (the plugin records a fingerprint of each in every
-checkpoint it writes: dictionaries of one size in other orders give parameters of the same shapes
-that mean other tokens); otherwise the script stops and names what differs and both files.
+dictionaries (the plugin records a fingerprint of each in every checkpoint it writes; for an older
+checkpoint, those of the data-bin its configuration names, where they still are, else a warning:
+dictionaries of one size in other orders give parameters of the same shapes that mean other
+tokens); otherwise the script stops and names what differs and both files.
 Floating-point parameters are averaged in float64 and stored in their original dtype. The output keeps the first
 checkpoint's configuration, with the training lengths of all inputs merged (the longest, and per
 length the largest count: see ``fairseq_rope/training_lengths.py``), and training state (its
@@ -39,8 +41,10 @@ import sys
 
 import torch
 
+from fairseq_rope.checkpoint_safe_globals import safe_load_kwargs
 from fairseq_rope.checkpoints import (
     DICTIONARIES,
+    dictionaries_of,
     is_legacy_checkpoint,
     is_readable_checkpoint,
     save_checkpoint_atomically,
@@ -89,7 +93,7 @@ def load_checkpoint(path):
                 f"cannot load {path}: not a checkpoint (truncated, or not a file torch.save wrote)", status=1)
         try:
             f.seek(0)
-            state = torch.load(f, map_location="cpu")
+            state = torch.load(f, map_location="cpu", **safe_load_kwargs(torch.serialization))
         except Exception as e:  # noqa: BLE001 - report which file and why
             if legacy:  # its first bytes are right, its end is not: the legacy format has no directory to check
                 raise UserError(f"cannot load {path}: a checkpoint in torch's legacy format (saved before torch "
@@ -109,12 +113,16 @@ def average_checkpoints(paths):
     first_path, first = paths[0], None
     sums, dtypes, options = collections.OrderedDict(), {}, None
     model_configs = []
-    dictionaries = None  # (path, record): the first input that records its dictionaries
+    dictionaries = None  # (path, record): the first input whose dictionaries are known
+    unchecked = []  # inputs that record no dictionaries, whose data-bin is gone too
     for path in paths:
         state = load_checkpoint(path)
         params = state["model"]
         model_configs.append(model_config(state))
-        dictionaries = check_same_dictionaries(dictionaries, path, state.get(DICTIONARIES))
+        record = dictionaries_of(state)
+        if record is None:
+            unchecked.append(path)
+        dictionaries = check_same_dictionaries(dictionaries, path, record)
         if first is None:
             first, options = state, computation_options(model_config(state))
             for k, v in params.items():
@@ -136,6 +144,10 @@ def average_checkpoints(paths):
                     f"but {tuple(sums[k].shape)} in {first_path}", status=1)
             sums[k] += v.detach().to(sums[k].dtype)
         del state, params
+    if unchecked and len(paths) > 1:
+        print(f"warning: {', '.join(unchecked)} record no dictionaries (saved before fairseq-rope recorded them) and "
+              "the data-bin their configuration names is gone: their dictionaries are not compared with the "
+              "others'; average only checkpoints of one training", file=sys.stderr)
     n = len(paths)
     averaged = collections.OrderedDict()
     for k, total in sums.items():
@@ -161,8 +173,8 @@ def check_same_model(first_options, options, first_path, path):
 
 
 def check_same_dictionaries(recorded, path, record):
-    """``recorded``: (path, record) of the first input that records its dictionaries' fingerprints,
-    or None; ``record``: what ``path`` records (None: saved before they were recorded, nothing to
+    """``recorded``: (path, record) of the first input whose dictionaries' fingerprints are known,
+    or None; ``record``: those of ``path``, recorded or from its data-bin (None: unknown, nothing to
     compare). Returns the new ``recorded``."""
     if not isinstance(record, dict):
         return recorded

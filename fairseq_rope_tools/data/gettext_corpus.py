@@ -100,7 +100,7 @@ def read_catalog(mo_bytes: bytes) -> dict:
 
 
 def message_pairs(mo_bytes: bytes):
-    """(English, translation) of one compiled catalog, in msgid order; BadCatalog if it is not
+    """(English, translation) of one compiled catalog, in msgid order; a UserError if it is not
     one."""
     catalog = read_catalog(mo_bytes)
     for key in sorted(catalog, key=str):

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from fairseq_rope.modules.fused_rotary import FUSED_SWITCH
 from fairseq_rope_tools.research.gpu_check_common import FULL, TINY, guarded
 
 # specified memory bandwidth (GB/s) by a part of torch.cuda.get_device_name(); the first match wins,
@@ -171,6 +170,7 @@ def device_worker(request):
 def device_sections(device, tiny, log_path):
     """{kernel, bandwidth} from a child process: under Triton's interpreter with --tiny, on
     CUDA with Triton's compiler otherwise."""
+    from fairseq_rope.modules.fused_rotary import FUSED_SWITCH  # here: the plugin loads torch and fairseq
     env = dict(os.environ, TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
     env.pop("TRITON_INTERPRET", None)
     env.pop(FUSED_SWITCH, None)  # the kernel is what this process checks

@@ -3,8 +3,6 @@ per section (report.json is the sections as they are)."""
 
 import math
 
-from fairseq_rope.modules.fused_rotary import FUSED_SWITCH
-
 
 def verdicts(report):
     """{check: True / False / None (not run, or not reached yet)} over the report; a step that
@@ -98,6 +96,7 @@ def generation_md(generation):
 
 
 def speed_md(speed):
+    from fairseq_rope.modules.fused_rotary import FUSED_SWITCH  # here: the plugin loads torch and fairseq
     parts = [table(("RoPE / sinusoidal", "ratio"), speed["rope_over_sinusoidal"].items())]
     if speed.get("fused_over_reference_rotation"):
         parts.append(table((f"RoPE, fused kernel / reference rotation ({FUSED_SWITCH}=0)", "ratio"),

@@ -9,7 +9,6 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from fairseq_rope.modules.fused_rotary import FUSED_SWITCH
 from fairseq_rope_tools.cli import run_logged
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data
@@ -115,6 +114,7 @@ def plot_runs(runs, output, title):
 
 
 def training_section(data_bin, langs, work_dir, out_dir, device, sizes, updates, threads, tolerance):
+    from fairseq_rope.modules.fused_rotary import FUSED_SWITCH  # here: the plugin loads torch and fairseq
     jobs, runs = {}, {}
     for precision in PRECISIONS:  # fp32 first: the others are compared with it
         for model in MODELS:
