@@ -5,6 +5,7 @@ marked e2e: every other test is marked fast, see pytest.ini)."""
 import importlib.util
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,19 @@ def tiny_data_bin(tmp_path_factory):
         "--destdir", root / "data-bin", "--joined-dictionary", "--workers", "1",
     ])
     return root
+
+
+def subword_work_dir(root: Path, tiny_data_bin: Path) -> Path:
+    """``root/work`` as prepare.sh leaves it for the tiny corpus: its data-bin and subword-nmt codes
+    that keep the corpus' words whole."""
+    work = root / "work"
+    (work / "bpe").mkdir(parents=True)
+    (work / "bpe" / "codes").write_text("#version: 0.2\n" + "".join(f"w {i}</w>\n" for i in range(10)))
+    (work / "bpe" / "vocab.en").write_text("".join(f"w{i} 100\n" for i in range(40)))
+    (work / "bpe" / ".done").write_text("# prepare.sh step record v1\noption BPE=subword-nmt\n"
+                                        "option BPE_VOCAB_THRESHOLD=1\n")
+    shutil.copytree(tiny_data_bin / "data-bin", work / "data-bin")
+    return work
 
 
 def build_model(arch="transformer_rope_tiny", *extra_args, vocab_size=30, seed=0):

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import tomllib
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, subword_work_dir
 
 pytest.importorskip("ctranslate2")
 packaging_requirements = pytest.importorskip("packaging.requirements")
@@ -87,13 +87,7 @@ def bundle(tiny_data_bin, tmp_path_factory):
     """A tiny RoPE model after one update, exported with the segmentation of a work dir as
     prepare.sh leaves it (subword-nmt codes that keep the corpus' words whole)."""
     root = tmp_path_factory.mktemp("deploy_bundle")
-    work = root / "work"
-    (work / "bpe").mkdir(parents=True)
-    (work / "bpe" / "codes").write_text("#version: 0.2\n" + "".join(f"w {i}</w>\n" for i in range(10)))
-    (work / "bpe" / "vocab.en").write_text("".join(f"w{i} 100\n" for i in range(40)))
-    (work / "bpe" / ".done").write_text("# prepare.sh step record v1\noption BPE=subword-nmt\n"
-                                        "option BPE_VOCAB_THRESHOLD=1\n")
-    shutil.copytree(tiny_data_bin / "data-bin", work / "data-bin")
+    work = subword_work_dir(root, tiny_data_bin)
     run_cli(["fairseq-train", work / "data-bin", "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny",
              "--task", "translation", "--cpu", "--optimizer", "adam", "--lr", "5e-3", "--max-tokens", "1500",
              "--max-update", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
@@ -126,3 +120,12 @@ def test_the_deploy_install_translates_from_a_bundle_without_torch(deploy_env, b
     run_cli(["fairseq-rope-translate", "--model-dir", bundle, raw, "-o", tmp_path / "full.de", "--threads", "1"])
     assert (tmp_path / "deployed.de").read_text() == (tmp_path / "full.de").read_text()
     assert len((tmp_path / "deployed.de").read_text().splitlines()) == 10
+    # the fairseq engine needs what a deployment does not install: one line, not a traceback
+    fake_checkpoint = tmp_path / "checkpoint.pt"
+    fake_checkpoint.write_bytes(b"")
+    refused = subprocess.run([python, python.parent / "fairseq-rope-translate", "--engine", "fairseq", "--checkpoint",
+                              fake_checkpoint, "--data-bin", tiny_data_bin, raw], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "fairseq-rope-translate: error: --engine fairseq needs torch and fairseq, which this environment lacks: "
+        "install them (docs/usage.md#install), or translate an export with --model-dir"], refused.stderr[-2000:]

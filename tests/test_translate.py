@@ -13,7 +13,6 @@ from conftest import BIN, REPO, run_cli
 
 from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.deploy import exported, segmentation, work_dir
-from fairseq_rope_tools.deploy import translate as translate_py
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -103,10 +102,9 @@ def test_segmentation_is_the_recipes(model):
 def test_remove_bpe_is_fairseqs():
     from fairseq.data.data_utils import post_process
 
-    assert translate_py.remove_bpe is segmentation.remove_bpe  # where the comparison harness imports it from
     for line, kind in [("Der Hun@@ d sieht die K@@ at@@ ze .", "subword_nmt"), ("a@@", "subword_nmt"),
                        ("\u2581Der \u2581Hu nd \u2581sieht .", "sentencepiece"), ("", "subword_nmt")]:
-        assert translate_py.remove_bpe(line, kind) == post_process(line, kind)
+        assert segmentation.remove_bpe(line, kind) == post_process(line, kind)
 
 
 @pytest.mark.e2e
@@ -207,7 +205,7 @@ def test_invalid_utf8_is_refused_by_file_and_line(model, evaluated, tmp_path):
     assert proc.returncode == 1 and b"standard input: line 2: invalid UTF-8" in proc.stderr
     assert proc.stdout.count(b"\n") == 1  # a stream: the line before it was translated as it came
     proc = _translate(bad, "--work-dir", work, "--model-dir", ct2, "-o", out, "--replace-invalid-utf8")
-    assert "replaced invalid UTF-8 with U+FFFD in 1 line (first: line 2)" in proc.stderr
+    assert f"[translate] {bad}: replaced invalid UTF-8 with U+FFFD in 1 line (first: line 2)" in proc.stderr
     assert len(_lines(out)) == 2
 
 

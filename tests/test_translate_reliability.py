@@ -271,6 +271,20 @@ def test_an_output_over_one_of_the_inputs_is_refused_before_decoding(tiny, tmp_p
     assert read.read_bytes() == before
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("flag", ["-o", "--stats-json"])
+def test_an_output_inside_the_model_dir_is_refused_before_decoding(tiny, tmp_path, capsys, monkeypatch, flag):
+    """A new file in an export is one its manifest does not list: the export would stop loading."""
+    monkeypatch.setattr(translate_py, "translate_sorted", lambda *a, **k: pytest.fail("decoding started"))
+    ct2 = _copy_ct2(tiny[2], tmp_path)
+    before = sorted(p.name for p in ct2.iterdir())
+    outputs = {"-o": tmp_path / "out.de", "--stats-json": None, flag: ct2 / "new"}
+    args = [a for f, path in outputs.items() if path is not None for a in (f, path)]
+    _refused(capsys, f"{'--output' if flag == '-o' else flag} {ct2 / 'new'} is inside --model-dir {ct2}",
+             _source(tmp_path, 3), *args, *_bpe_args(tiny[0], "--model-dir", ct2))
+    assert sorted(p.name for p in ct2.iterdir()) == before
+
+
 # --- issue 34, case 7: standard output closed --------------------------------------------------------
 def test_a_closed_stdout_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
     (tmp_path / "ct2").mkdir()

@@ -73,7 +73,8 @@ class LineReader(text_lines.LineReader):
 
     fix = "fix the file, or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD"
 
-    def report(self):
+    def report(self, say=say):
+        """Each replacement as a line of ``say`` (this tool's, unless a caller names its own)."""
         for change in self.changes():
             say(change)
 

@@ -11,9 +11,15 @@ import time
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError, progress_sayer
-from fairseq_rope_tools.deploy.engine import Engine, Hypothesis
+from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, decode
 
 TOO_LONG_POLICIES = ("refuse", "skip", "truncate")
+
+
+def fits(tokens: List[str], limit: Optional[int]) -> bool:
+    """Whether a source of ``tokens`` fits in ``limit`` positions with the ``</s>`` appended to it,
+    as fairseq counts source lengths (None: no limit is known)."""
+    return limit is None or len(tokens) + 1 <= limit
 
 
 class LengthLimit:
@@ -29,7 +35,7 @@ class LengthLimit:
 
     def apply(self, number: int, tokens: List[str]) -> Optional[List[str]]:
         """The source of input line ``number`` as it is translated; None when it is skipped."""
-        if self.limit is None or len(tokens) + 1 <= self.limit:
+        if fits(tokens, self.limit):
             return tokens
         if self.policy == "refuse":
             raise UserError(f"{self.path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
@@ -53,11 +59,12 @@ class LengthLimit:
 
 
 def translate_sorted(engine: Engine, sources: List[Optional[List[str]]], batch_size: int,
-                     progress=False) -> Tuple[List[List[Hypothesis]], float]:
+                     progress=False, decoding: Optional[Decoding] = None) -> Tuple[List[List[Hypothesis]], float]:
     """The hypotheses of ``sources`` in input order, and the seconds spent decoding. Sentences are
     sorted by the engine's group, then length, into batches; an empty or skipped (None) source
     gets none. ``progress``: a bar on a terminal; elsewhere (a log) a plain line every tenth of the
-    way, since a bar is redrawn with carriage returns."""
+    way, since a bar is redrawn with carriage returns. ``decoding``: another beam search than the
+    engine's own (:meth:`Engine.translate`)."""
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: (engine.group(sources[i]), len(sources[i])))
     batches = [ids for _, group in itertools.groupby(order, key=lambda i: engine.group(sources[i]))
                for ids in chunks(list(group), batch_size)]  # a batch holds one group
@@ -72,7 +79,7 @@ def translate_sorted(engine: Engine, sources: List[Optional[List[str]]], batch_s
               dynamic_ncols=True) as bar:
         for ids in batches:
             began = time.perf_counter()
-            out = engine.translate([sources[i] for i in ids])
+            out = decode(engine, [sources[i] for i in ids], decoding)
             seconds += time.perf_counter() - began
             for i, hypotheses in zip(ids, out):
                 results[i] = hypotheses

@@ -60,9 +60,7 @@ class CTranslate2Engine(Engine):
         if compute_type not in supported:
             raise UserError(f"--compute-type {compute_type} is not supported by CTranslate2 on {device} "
                             f"(supported: {', '.join(sorted(supported))})")
-        self.options = dict(beam_size=decoding.beam, length_penalty=decoding.lenpen,
-                            max_decoding_length=decoding.max_len, num_hypotheses=decoding.nbest, return_scores=True,
-                            max_input_length=0)  # no silent truncation: the caller applies the length limit
+        self.options = self.translate_options(decoding)
         try:
             self.translator = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
                                                      intra_threads=threads, inter_threads=1)
@@ -70,6 +68,14 @@ class CTranslate2Engine(Engine):
             raise UserError(f"--model-dir {model_dir}: CTranslate2 cannot load {model_dir / 'model.bin'} "
                             f"({first_line(e)}): export it again with fairseq-rope-export") from None
 
-    def translate(self, batch: List[List[str]]) -> List[List[Hypothesis]]:
+    @staticmethod
+    def translate_options(decoding: Decoding) -> dict:
+        """``translate_batch``'s options for ``decoding``."""
+        return dict(beam_size=decoding.beam, length_penalty=decoding.lenpen, max_decoding_length=decoding.max_len,
+                    num_hypotheses=decoding.nbest, return_scores=True,
+                    max_input_length=0)  # no silent truncation: the caller applies the length limit
+
+    def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
+        options = self.options if decoding is None else self.translate_options(decoding)
         return [[Hypothesis(tokens, score) for tokens, score in zip(r.hypotheses, r.scores)]
-                for r in self.translator.translate_batch(batch, **self.options)]
+                for r in self.translator.translate_batch(batch, **options)]

@@ -36,8 +36,10 @@ class Engine:
     #: the longest source in positions (its tokens and the ``</s>`` appended), None when unknown
     max_source: Optional[int] = None
 
-    def translate(self, batch: List[List[str]]) -> List[List[Hypothesis]]:
-        """The ``nbest`` hypotheses of every source of ``batch`` (none empty), best first, in order."""
+    def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
+        """The ``nbest`` hypotheses of every source of ``batch`` (none empty), best first, in order;
+        ``decoding``: another beam search than the engine was built with (a request's to
+        fairseq-rope-serve), on the same loaded model; None: the engine's own."""
         raise NotImplementedError
 
     def group(self, source: List[str]) -> int:
@@ -51,3 +53,9 @@ class Engine:
     def summary(self) -> Optional[str]:
         """:meth:`report` as one line for stderr, or None."""
         return None
+
+
+def decode(engine: Engine, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
+    """``engine.translate(batch)``, with ``decoding`` only when one is given: an engine that only
+    decodes as it was built (a stand-in in tests) takes the batch alone."""
+    return engine.translate(batch) if decoding is None else engine.translate(batch, decoding)

@@ -1,5 +1,6 @@
-"""What fairseq-rope-export writes, read without torch or fairseq: the one reader (and writer) of
-an export's records, for fairseq-rope-export, fairseq-rope-translate and the benchmarks.
+"""What fairseq-rope-export writes, read without torch or fairseq: the one reader of an export's
+records (and the writer of its bundle manifest), for fairseq-rope-export, fairseq-rope-translate,
+fairseq-rope-serve and the benchmarks; their names are defined here, the export writes the others.
 
 A plain export is one CTranslate2 model directory with ``export_info.json``. A
 ``--length-buckets`` export is a directory of such exports, one per length bucket, listed in

@@ -2,8 +2,6 @@
 it (its sequence generator, fairseq-generate's defaults for everything evaluate.sh does not set).
 torch and fairseq load when the engine is built, not when this module is imported."""
 
-import os
-import zipfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -12,18 +10,6 @@ from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.segmentation import first_line
 
 COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
-
-
-def torch_file_problem(path) -> Optional[str]:
-    """Why ``path`` cannot be a file of torch.save (its zip format, or the legacy pickle one), or
-    None: torch's own errors for such files speak of weights_only and miniz."""
-    if os.path.getsize(path) == 0:
-        return "an empty file"
-    with open(path, "rb") as f:
-        legacy = f.read(2) == b"\x80\x02"
-    if not legacy and not zipfile.is_zipfile(path):
-        return "not a file written by torch.save, or a truncated one"
-    return None
 
 
 class FairseqEngine(Engine):
@@ -36,11 +22,13 @@ class FairseqEngine(Engine):
     def __init__(self, checkpoint, data_bin, src, tgt, decoding: Decoding, device="cpu", compute_type="default",
                  threads=1, max_source: Optional[int] = None):
         import logging
-        import warnings
+
+        import torch
+
+        from fairseq_rope.third_party_warnings import quiet_third_party_warnings
 
         logging.getLogger("fairseq").setLevel(logging.WARNING)  # no INFO lines about loading
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")  # the data loader's, on a CPU
-        import torch
+        quiet_third_party_warnings()  # the hydra and data-loader warnings every fairseq command prints
 
         torch.set_num_threads(threads)
         if device == "cuda" and not torch.cuda.is_available():
@@ -59,11 +47,7 @@ class FairseqEngine(Engine):
             hub.cfg.dataset.max_tokens = None  # our batches are the batches: no re-splitting by tokens
         self.hub, self.torch, self.open_dict = hub, torch, open_dict
         self.max_source = self.source_limit(hub, max_source)
-        self.nbest = decoding.nbest
-        # fairseq-generate's defaults for everything evaluate.sh does not set
-        self.options = dict(beam=decoding.beam, lenpen=decoding.lenpen, max_len_a=0, max_len_b=decoding.max_len,
-                            min_len=1, nbest=decoding.nbest, unkpen=0, sampling=False, no_repeat_ngram_size=0,
-                            match_source_len=False)
+        self.decoding = decoding
 
     @staticmethod
     def load(checkpoint: Path, data_bin: Path, src, tgt, flag):
@@ -75,13 +59,15 @@ class FairseqEngine(Engine):
         from fairseq import checkpoint_utils, utils
         from fairseq.hub_utils import GeneratorHubInterface
 
+        from fairseq_rope.checkpoints import is_legacy_checkpoint, is_readable_checkpoint
+
         overrides = dict(data=str(data_bin.resolve()), user_dir=plugin_dir(), source_lang=src, target_lang=tgt)
         utils.import_user_module(Namespace(user_dir=overrides["user_dir"]))
         resolved = str(checkpoint.resolve())
         try:
-            problem = torch_file_problem(resolved)
-            if problem:
-                raise ValueError(problem)
+            if not (is_readable_checkpoint(resolved) or is_legacy_checkpoint(resolved)):
+                # torch's own errors for such files speak of weights_only and miniz
+                raise ValueError("not a file written by torch.save, or a truncated one")
             state = checkpoint_utils.load_checkpoint_to_cpu(resolved, overrides)
             if state.get("cfg") is None and state.get("args") is None:
                 raise KeyError("it holds no model configuration")
@@ -114,11 +100,19 @@ class FairseqEngine(Engine):
         hub.max_positions = (requested, *limits[1:])  # the limit fairseq's batching checks sources against
         return requested
 
-    def translate(self, batch: List[List[str]]) -> List[List[Hypothesis]]:
+    @staticmethod
+    def generate_options(decoding: Decoding) -> dict:
+        """The hub's ``generate`` options for ``decoding``: fairseq-generate's defaults for everything
+        evaluate.sh does not set."""
+        return dict(beam=decoding.beam, lenpen=decoding.lenpen, max_len_a=0, max_len_b=decoding.max_len, min_len=1,
+                    nbest=decoding.nbest, unkpen=0, sampling=False, no_repeat_ngram_size=0, match_source_len=False)
+
+    def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
+        decoding = decoding or self.decoding
         with self.open_dict(self.hub.cfg):
             self.hub.cfg.dataset.batch_size = len(batch)  # the hub batches again inside generate
         tokens = [self.hub.binarize(" ".join(sentence)) for sentence in batch]
         with self.torch.inference_mode():
-            hypos = self.hub.generate(tokens, **self.options)
+            hypos = self.hub.generate(tokens, **self.generate_options(decoding))
         return [[Hypothesis(self.hub.tgt_dict.string(h["tokens"]).split(), float(h["score"]))
-                 for h in sentence[:self.nbest]] for sentence in hypos]
+                 for h in sentence[:decoding.nbest]] for sentence in hypos]

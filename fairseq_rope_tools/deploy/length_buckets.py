@@ -10,10 +10,10 @@ stream of lines, whose batches come mixed, keeps every model it has used).
 """
 
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from fairseq_rope_tools.cli import UserError
-from fairseq_rope_tools.deploy.engine import Engine, Hypothesis
+from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, decode
 from fairseq_rope_tools.deploy.exported import bucket_of, verified_bucket_manifest
 from fairseq_rope_tools.deploy.segmentation import first_line
 
@@ -58,14 +58,14 @@ class LengthBuckets(Engine):
             self.loaded[bucket] = self.open_model(self.directories[bucket])
         return self.loaded[bucket]
 
-    def translate(self, batch: List[List[str]]) -> List[List[Hypothesis]]:
+    def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
         by_bucket: Dict[int, List[int]] = {}
         for i, source in enumerate(batch):
             by_bucket.setdefault(self.group(source), []).append(i)
         results: List[List[Hypothesis]] = [[] for _ in batch]
         for bucket, ids in sorted(by_bucket.items()):
             self.sentences[self.labels[bucket]] += len(ids)
-            for i, hypotheses in zip(ids, self.model(bucket).translate([batch[i] for i in ids])):
+            for i, hypotheses in zip(ids, decode(self.model(bucket), [batch[i] for i in ids], decoding)):
                 results[i] = hypotheses
         return results
 

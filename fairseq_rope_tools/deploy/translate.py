@@ -61,6 +61,7 @@ each have a module of their own in fairseq_rope_tools/deploy/.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import stat
@@ -69,19 +70,12 @@ from pathlib import Path
 
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's strict line reader)
-from fairseq_rope_tools.deploy import exported, work_dir
+from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
 from fairseq_rope_tools.deploy.batching import TOO_LONG_POLICIES, LengthLimit, batches_as_they_come, translate_sorted
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.output import OutputFormat
-from fairseq_rope_tools.deploy.segmentation import (  # noqa: F401  (remove_bpe: the harness imports it from here)
-    OUTPUT_FORMATS,
-    Segmenter,
-    first_line,
-    remove_bpe,
-)
+from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter, first_line
 from fairseq_rope_tools.files import output_files_problem, write_lines, write_text_atomically
-
-text_tools.PREFIX = "translate"  # its messages read "[translate] ..."
 
 say = sayer("translate")
 
@@ -112,7 +106,6 @@ def open_fairseq(args):
 
 
 ENGINES = {"ctranslate2": open_ctranslate2, "fairseq": open_fairseq}
-FAIRSEQ_COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
 
 
 # --- input ----------------------------------------------------------------------------------------
@@ -144,11 +137,9 @@ def default_threads():
     return int(env) if env.isdigit() and int(env) > 0 else cores
 
 
-def parse_args(argv):
-    p = ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", nargs="?", default="-", help="text to translate, one sentence per line (default: stdin)")
-    p.add_argument("-o", "--output", help="write the translations here, atomically (default: stdout)")
+def add_model_arguments(p):
+    """The flags that choose the model, its segmentation and its beam search, which
+    fairseq-rope-serve shares: the same bundle and flags give the same translations."""
     p.add_argument("--model-dir", help="what fairseq-rope-export wrote: a bundle (model and segmentation), or a "
                                        "directory of length buckets (--length-buckets)")
     p.add_argument("--work-dir", help="the directory prepare.sh wrote for the model: tok/, bpe/ and data-bin/ "
@@ -156,15 +147,44 @@ def parse_args(argv):
                                       "fairseq); with a bundle, checked to be its segmentation")
     p.add_argument("--data-bin", help="the model's data-bin: dictionaries, bpe_type, languages "
                                       "(default: WORK_DIR/data-bin)")
-    p.add_argument("--engine", choices=list(ENGINES),
-                   help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
-    p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
     p.add_argument("--src", help="source language (default: as the bundle or the data-bin records it)")
     p.add_argument("--tgt", help="target language (default: as the bundle or the data-bin records it)")
     p.add_argument("--beam", type=int, default=4, help="beam size (4)")
     p.add_argument("--lenpen", type=float, default=0.6, help="length penalty (0.6)")
     p.add_argument("--max-len", type=int, default=200,
                    help="at most this many target tokens per sentence (200, fairseq-generate's --max-len-b)")
+    p.add_argument("--threads", type=int, default=default_threads(),
+                   help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compute-type", default="default",
+                   help="CTranslate2: default (the type the model was exported with: float32 unless exported "
+                        "with --quantization), float32, int8, int8_float32, float16, bfloat16, ...; "
+                        "fairseq: float32, or float16 / bfloat16 on cuda")
+    p.add_argument("--max-source-positions", type=int,
+                   help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
+                        "(default: the model's max_source_positions: from the checkpoint, or recorded by "
+                        "fairseq-rope-export)")
+
+
+def check_model_arguments(p, args, minimums=()):
+    """argparse's refusal of the values of :func:`add_model_arguments`' flags (and of ``minimums``,
+    (flag, least value) pairs of the command's own) that no model takes."""
+    for flag, minimum in (("beam", 1), ("max_len", 1), ("threads", 1), ("max_source_positions", 2), *minimums):
+        if getattr(args, flag) is not None and getattr(args, flag) < minimum:
+            p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
+    if args.lenpen != args.lenpen:  # NaN
+        p.error("--lenpen must be a number")
+
+
+def parse_args(argv):
+    p = ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", nargs="?", default="-", help="text to translate, one sentence per line (default: stdin)")
+    p.add_argument("-o", "--output", help="write the translations here, atomically (default: stdout)")
+    add_model_arguments(p)
+    p.add_argument("--engine", choices=list(ENGINES),
+                   help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
+    p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
     p.add_argument("--nbest", type=int, default=1,
                    help="hypotheses per line, best first (1; at most --beam): N output lines per input line, or "
                         "N translations with --json-lines")
@@ -174,13 +194,6 @@ def parse_args(argv):
     p.add_argument("--flush-after", type=float, default=0.1, metavar="SECONDS",
                    help="input from a pipe or terminal: translate the lines that have come this long after the "
                         "first of them, without waiting for a full batch (0.1)")
-    p.add_argument("--threads", type=int, default=default_threads(),
-                   help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--compute-type", default="default",
-                   help="CTranslate2: default (the type the model was exported with: float32 unless exported "
-                        "with --quantization), float32, int8, int8_float32, float16, bfloat16, ...; "
-                        "fairseq: float32, or float16 / bfloat16 on cuda")
     p.add_argument("--input-format", choices=("raw", "bpe"), default="raw",
                    help="raw text (default), or lines already tokenized and BPE'd like bpe/test.SRC")
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
@@ -194,19 +207,10 @@ def parse_args(argv):
     p.add_argument("--quiet", action="store_true",
                    help="no progress (a bar on a terminal, else a line every tenth of the way) and no summary")
     p.add_argument("--stats-json", help="write the decoding time and speed here as JSON")
-    p.add_argument("--max-source-positions", type=int,
-                   help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
-                        "(default: the model's max_source_positions: from the checkpoint, or recorded by "
-                        "fairseq-rope-export)")
     args = p.parse_args(argv)
-    for flag, minimum in (("beam", 1), ("max_len", 1), ("batch_size", 1), ("threads", 1), ("nbest", 1),
-                          ("max_source_positions", 2)):
-        if getattr(args, flag) is not None and getattr(args, flag) < minimum:
-            p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
+    check_model_arguments(p, args, (("batch_size", 1), ("nbest", 1)))
     if args.nbest > args.beam:
         p.error(f"--nbest {args.nbest}: beam search keeps --beam {args.beam} hypotheses; give --nbest at most --beam")
-    if args.lenpen != args.lenpen:  # NaN
-        p.error("--lenpen must be a number")
     if not 0 <= args.flush_after < float("inf"):
         p.error(f"--flush-after must be a number of seconds >= 0, not {args.flush_after}")
     args.decoding = Decoding(args.beam, args.lenpen, args.max_len, args.nbest)
@@ -216,6 +220,19 @@ def parse_args(argv):
 # --- setup: every flag and file checked before any text is read -----------------------------------
 def check_setup(args):
     """Resolve defaults and check every file and flag before any text is read: raises UserError."""
+    check_model(args)
+    check_outputs(args)
+    if args.input != "-" and not Path(args.input).is_file() and not is_stream(args.input):
+        raise UserError(f"input file {args.input} does not exist" if not Path(args.input).exists()
+                        else f"input {args.input} is not a file")
+    args.streaming = is_stream(args.input) and args.output is None
+
+
+def check_model(args):
+    """The model, its languages and its segmentation (fairseq-rope-serve's setup too): the engine
+    and its files, the bundle verified against its manifest, the work dir and data-bin, the
+    languages, the segmentation of raw text, and the vocabularies against the dictionaries.
+    Raises UserError."""
     if args.engine is None:
         if args.model_dir:
             args.engine = "ctranslate2"
@@ -233,11 +250,15 @@ def check_setup(args):
     else:
         if not args.checkpoint:
             raise UserError("--engine fairseq needs --checkpoint CKPT")
+        missing = [name for name in ("torch", "fairseq") if importlib.util.find_spec(name) is None]
+        if missing:  # a deployment installs neither (docs/deploy.md)
+            raise UserError(f"--engine fairseq needs {' and '.join(missing)}, which this environment lacks: install "
+                            "them (docs/usage.md#install), or translate an export with --model-dir")
         if not Path(args.checkpoint).is_file():
             raise UserError(f"--checkpoint {args.checkpoint} is not a file")
-        if args.compute_type not in FAIRSEQ_COMPUTE_TYPES:
+        if args.compute_type not in fairseq_engine.COMPUTE_TYPES:
             raise UserError(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
-                            f"{', '.join(FAIRSEQ_COMPUTE_TYPES)}")
+                            f"{', '.join(fairseq_engine.COMPUTE_TYPES)}")
         if args.compute_type in ("float16", "bfloat16") and args.device != "cuda":
             raise UserError(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
     work = Path(args.work_dir) if args.work_dir else None
@@ -255,11 +276,6 @@ def check_setup(args):
     check_segmentation(args)
     if args.engine == "ctranslate2" and args.data_bin is not None:
         check_vocabulary(args)
-    check_outputs(args)
-    if args.input != "-" and not Path(args.input).is_file() and not is_stream(args.input):
-        raise UserError(f"input file {args.input} does not exist" if not Path(args.input).exists()
-                        else f"input {args.input} is not a file")
-    args.streaming = is_stream(args.input) and args.output is None
 
 
 def verified_bundle(model_dir):
@@ -350,9 +366,17 @@ def check_outputs(args):
         problem = closed_stdout_problem("--output")
         if problem:
             raise UserError(problem)
-    problem = output_files_problem({"--output": args.output, "--stats-json": args.stats_json}, input_files(args))
+    outputs = {"--output": args.output, "--stats-json": args.stats_json}
+    problem = output_files_problem(outputs, input_files(args))
     if problem:
         raise UserError(problem)
+    if args.model_dir is not None:
+        # a file added to an export is one its manifest does not list: it would stop loading
+        model_dir = Path(os.path.realpath(args.model_dir))
+        for flag, path in outputs.items():
+            if path is not None and model_dir in Path(os.path.realpath(path)).parents:
+                raise UserError(f"{flag} {path} is inside --model-dir {args.model_dir}, which must hold only what "
+                                "fairseq-rope-export wrote: write it elsewhere")
 
 
 def input_files(args) -> dict:
@@ -442,7 +466,7 @@ def main(argv=None):
         raise UserError(f"{f'--output {args.output}' if args.output else 'standard output'}: {e.strerror or e}",
                         status=1) from None
     finally:
-        reader.report()
+        reader.report(say)  # "[translate] ..." lines
         if limit.report():
             say(limit.report())  # never silent, even with --quiet
 
