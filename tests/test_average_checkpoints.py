@@ -138,11 +138,14 @@ def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c0.pt", "c1.pt"]  # no temporary left
 
-    # an existing output survives a crashed rewrite untouched
-    out.write_bytes(b"previous average")
+    # an existing average survives a crashed rewrite untouched
+    monkeypatch.setattr(avg.torch, "save", real_save)
+    avg.main(["--inputs", str(paths[0]), "--output", str(out)])
+    previous = out.read_bytes()
+    monkeypatch.setattr(avg.torch, "save", crash_halfway)
     with pytest.raises(KeyboardInterrupt):
         avg.main(["--inputs", *map(str, paths), "--output", str(out)])
-    assert out.read_bytes() == b"previous average"
+    assert out.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt", "c0.pt", "c1.pt"]
 
 
@@ -245,6 +248,23 @@ def test_an_input_that_is_a_symlink_to_the_output_is_refused(tmp_path, capsys):
     assert message == (f"--output {paths[1]} is --inputs {link}: the output would overwrite its own input; "
                        "give another output")
     assert paths[1].read_bytes() == before
+
+
+def test_an_existing_output_it_did_not_write_is_kept_and_its_own_average_replaced(tmp_path, capsys):
+    """A training's checkpoint given as --output (checkpoint_best.pt for checkpoint.avg5.pt, say)
+    is not the average's to replace; an average it wrote before is (average.sh run again)."""
+    paths = [make_checkpoint(tmp_path / f"c{i}.pt", random_params(i)) for i in range(3)]
+    training_checkpoint = make_checkpoint(tmp_path / "checkpoint_best.pt", random_params(9))
+    before = training_checkpoint.read_bytes()
+    message = stopped(["--inputs", str(paths[0]), str(paths[1]), "--output", str(training_checkpoint)], capsys,
+                      status=2)
+    assert message == (f"--output {training_checkpoint} exists and is not an average fairseq-rope-average wrote: "
+                       "give a new file, or remove it first if it may go")
+    assert training_checkpoint.read_bytes() == before
+    out = tmp_path / "avg.pt"
+    avg.main(["--inputs", str(paths[0]), str(paths[1]), "--output", str(out)])
+    avg.main(["--inputs", str(paths[1]), str(paths[2]), "--output", str(out)])
+    assert torch.load(out, map_location="cpu", weights_only=False)[avg.AVERAGE_OF] == ["c1.pt", "c2.pt"]
 
 
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"),

@@ -26,8 +26,9 @@ Floating-point parameters are averaged in float64 and stored in their original d
 checkpoint's configuration, with the training lengths of all inputs merged (the longest, and per
 length the largest count: see ``fairseq_rope/training_lengths.py``), and training state (its
 optimizer state is dropped unless ``--keep-optimizer-state``), and the inputs' dictionary
-fingerprints. An ``--output`` that is a directory or one of the inputs (symlinks followed) is
-refused before any checkpoint is read. The output is written atomically: to a hidden
+fingerprints, and the names of the files it averages. An ``--output`` that is a directory, one of
+the inputs (symlinks followed) or an existing file this tool did not write (a training's
+checkpoint) is refused before any checkpoint is averaged. The output is written atomically: to a hidden
 temporary file in the output directory, fsynced and renamed when complete. The temporary file is
 removed on any error and on SIGINT or SIGTERM; one left by SIGKILL matches no checkpoint name and is
 removed by the next write of the same output.
@@ -47,6 +48,7 @@ from fairseq_rope.checkpoints import (
     dictionaries_of,
     is_legacy_checkpoint,
     is_readable_checkpoint,
+    load_cheaply,
     save_checkpoint_atomically,
 )
 from fairseq_rope.model_options import computation_options, model_config
@@ -156,6 +158,7 @@ def average_checkpoints(paths):
         else:  # integer buffers (e.g. version counters): floor division, as fairseq does
             averaged[k] = torch.div(total, n, rounding_mode="floor").to(dtypes[k])
     first["model"] = averaged
+    first[AVERAGE_OF] = [os.path.basename(path) for path in paths]
     # the average has been trained on everything any input has seen
     TrainingLengths.merged(model_configs).record_in(model_config(first))
     if dictionaries is not None:
@@ -190,12 +193,29 @@ def check_same_dictionaries(recorded, path, record):
     return recorded
 
 
+# the key an average records its inputs under (their file names): a file without it, a training's
+# checkpoint say, is not this tool's to replace
+AVERAGE_OF = "fairseq_rope_average_of"
+
+
+def is_average(path) -> bool:
+    """Whether ``path`` is a checkpoint this tool wrote (tensors mapped, not read)."""
+    try:
+        return AVERAGE_OF in load_cheaply(path)
+    except Exception:  # noqa: BLE001 - not a checkpoint at all, or not a readable one
+        return False
+
+
 def output_problem(output, inputs):
     """Why ``--output`` cannot take the average, as one line, or None; checked before any work."""
     if os.path.isdir(output):
         return f"--output {output} is a directory: give the file to write the average to"
-    return (outputs_over_inputs_problem({"--output": output}, {"--inputs": list(inputs)})
-            or output_dir_problem(f"--output {output}: directory", os.path.dirname(os.path.abspath(output))))
+    problem = (outputs_over_inputs_problem({"--output": output}, {"--inputs": list(inputs)})
+               or output_dir_problem(f"--output {output}: directory", os.path.dirname(os.path.abspath(output))))
+    if problem is None and os.path.exists(output) and not is_average(output):
+        problem = (f"--output {output} exists and is not an average fairseq-rope-average wrote: give a new file, "
+                   "or remove it first if it may go")
+    return problem
 
 
 @command
