@@ -249,7 +249,15 @@ def terminate_running() -> None:
     """Terminate every command that run_logged is running (their run_logged calls then raise
     CommandFailed)."""
     for proc in list(_running):
-        proc.terminate()
+        _signal_command(proc, signal.SIGTERM)
+
+
+def _signal_command(proc, signum) -> None:
+    """``signum`` to the command's process group (run_logged starts each in its own): a script's
+    whole pipeline (train.sh's fairseq-train | tee) gets it, not only its shell, which would die
+    and leave fairseq-train training, its output still read."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signum)
 
 
 def command_env(extra: Optional[dict] = None) -> dict:
@@ -279,7 +287,8 @@ def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Opt
         log.write(" ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=cwd, env=command_env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                                start_new_session=True)  # a process group of its own: _signal_command
         _running.add(proc)
         try:
             for line in proc.stdout:
@@ -291,11 +300,11 @@ def run_logged(cmd, log_path, *, env: Optional[dict] = None, cwd=None, name: Opt
                     on_line(line)
             status = proc.wait()
         except BaseException:
-            proc.terminate()
+            _signal_command(proc, signal.SIGTERM)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_command(proc, signal.SIGKILL)
                 proc.wait()
             raise
         finally:

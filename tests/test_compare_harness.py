@@ -325,6 +325,37 @@ def test_terminate_running_stops_commands_of_other_threads(tmp_path):
     assert not thread.is_alive() and "exited with status -15" in str(errors[0])
 
 
+def test_terminate_running_stops_a_scripts_whole_pipeline(tmp_path):
+    """train.sh runs fairseq-train piped into tee: a SIGTERM to the shell alone killed the shell,
+    and fairseq-train trained on (the harness still reading its output) until its end."""
+    import threading
+
+    errors, started = [], threading.Event()
+    pid_file = tmp_path / "trainer.pid"
+    script = tmp_path / "pipeline.sh"
+    script.write_text('set -euo pipefail\n"$PY" -c "import os, sys, time; open(sys.argv[1], \'w\').write(str(os.getpid())); '
+                      'print(\'up\', flush=True); time.sleep(120)" "$PID_FILE" | cat\n')
+
+    def run():
+        try:
+            cli.run_logged(["bash", script], tmp_path / "pipeline.log", env={"PY": sys.executable, "PID_FILE": str(pid_file)},
+                           on_line=lambda line: started.set())
+        except cli.CommandFailed as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60)
+    trainer = int(pid_file.read_text())
+    cli.terminate_running()
+    thread.join(30)
+    assert not thread.is_alive() and "exited with status" in str(errors[0])
+    deadline = time.monotonic() + 10
+    while not _gone(trainer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(trainer)
+
+
 def _corpus(rng, n):
     words = [f"w{i}" for i in range(300)]
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 15))) for _ in range(n)]

@@ -7,7 +7,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from fairseq_rope_tools.cli import sayer
+from fairseq_rope_tools.cli import sayer, terminate_running
 from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
 
 
@@ -57,7 +57,11 @@ def run_lanes(jobs, lanes):
         return {name: fn() for name, fn in jobs.items()}
     with ThreadPoolExecutor(lanes) as pool:
         futures = {name: pool.submit(fn) for name, fn in jobs.items()}
-        return {name: future.result() for name, future in futures.items()}
+        try:
+            return {name: future.result() for name, future in futures.items()}
+        except BaseException:  # Ctrl-C or SIGTERM: the lanes' commands (in groups of their own) too
+            terminate_running()
+            raise
 
 
 
