@@ -266,6 +266,21 @@ def http(port, method, path, payload=None):
         return e.code, dict(e.headers), json.loads(e.read())
 
 
+def serve_until_done(server, client):
+    """Run ``server`` while ``client()`` talks to it from a thread; the server is stopped once the
+    client is done, whatever it raised."""
+    def run_client():
+        try:
+            client()
+        finally:
+            server.stop()
+
+    thread = threading.Thread(target=run_client)
+    thread.start()
+    asyncio.run(server.run())
+    thread.join(timeout=30)
+
+
 def test_the_server_is_alive_at_once_and_ready_only_once_the_model_is_loaded():
     service = HeldService(server_args())
     server = serve.Server(service, "127.0.0.1", 0, shutdown_timeout=10)
@@ -283,12 +298,8 @@ def test_the_server_is_alive_at_once_and_ready_only_once_the_model_is_loaded():
             seen["translate"] = http(server.port, "POST", "/translate", {"text": ["a b c", ""], "scores": True})
         finally:
             service.loaded.set()
-            server.stop()
 
-    thread = threading.Thread(target=client)
-    thread.start()
-    asyncio.run(server.run())
-    thread.join(timeout=30)
+    serve_until_done(server, client)
     assert seen["health"][::2] == (200, {"status": "alive"})
     assert seen["loading"][::2] == (503, {"ready": False})
     status, headers, answer = seen["translate while loading"]
@@ -389,18 +400,12 @@ def test_an_internal_error_is_a_500_in_one_line_with_its_traceback_in_the_log(ca
     seen = {}
 
     def client():
-        try:
-            assert server.listening.wait(timeout=30)
-            wait_until(lambda: http(server.port, "GET", "/ready")[0] == 200, "ready")
-            seen["failed"] = http(server.port, "POST", "/translate", {"text": ["a boom"]})
-            seen["next"] = http(server.port, "POST", "/translate", {"text": ["a b"]})
-        finally:
-            server.stop()
+        assert server.listening.wait(timeout=30)
+        wait_until(lambda: http(server.port, "GET", "/ready")[0] == 200, "ready")
+        seen["failed"] = http(server.port, "POST", "/translate", {"text": ["a boom"]})
+        seen["next"] = http(server.port, "POST", "/translate", {"text": ["a b"]})
 
-    thread = threading.Thread(target=client)
-    thread.start()
-    asyncio.run(server.run())
-    thread.join(timeout=30)
+    serve_until_done(server, client)
     assert seen["failed"][::2] == (500, {"error": "internal error: the engine failed on boom"})
     assert seen["next"][::2] == (200, {"translations": ["b a"]})
     log = capsys.readouterr().err

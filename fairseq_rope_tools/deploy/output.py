@@ -20,6 +20,15 @@ from fairseq_rope_tools.deploy.engine import Hypothesis
 from fairseq_rope_tools.deploy.segmentation import desegment
 
 
+def texts_per_line(results: Sequence[List[Hypothesis]], output_format: str, bpe_type: Optional[str],
+                   target: Optional[str]) -> List[List[str]]:
+    """Each line's hypotheses as text lines (:func:`desegment`), desegmented in one call for all
+    the lines of ``results`` (the detokenizer's start-up paid once)."""
+    texts = iter(desegment([h.tokens for hypotheses in results for h in hypotheses], output_format, bpe_type,
+                           target))
+    return [[next(texts) for _ in hypotheses] for hypotheses in results]
+
+
 class OutputFormat:
     """``output_format`` (detok, tok or bpe) of ``nbest`` hypotheses per line, as plain text or JSON
     lines; ``bpe_type`` and ``target`` for removing the BPE and detokenizing."""
@@ -33,11 +42,10 @@ class OutputFormat:
               notes: Sequence[Optional[str]]) -> List[str]:
         """The output lines of the input lines ``numbers``, whose hypotheses are ``results``;
         ``notes``: per line, None, ``"skipped"`` or ``"truncated"`` (too long)."""
-        texts = iter(desegment([h.tokens for hypotheses in results for h in hypotheses], self.output_format,
-                               self.bpe_type, self.target))
+        texts = texts_per_line(results, self.output_format, self.bpe_type, self.target)
         out = []
-        for number, hypotheses, note in zip(numbers, results, notes):
-            translated = [(next(texts), h.score) for h in hypotheses]
+        for number, hypotheses, line_texts, note in zip(numbers, results, texts, notes):
+            translated = [(text, h.score) for text, h in zip(line_texts, hypotheses)]
             if not self.json_lines:
                 out += [text for text, _ in translated] + [""] * (self.nbest - len(translated))
                 continue

@@ -50,8 +50,9 @@ from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.deploy import translate
 from fairseq_rope_tools.deploy.batching import fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
+from fairseq_rope_tools.deploy.output import texts_per_line
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
-from fairseq_rope_tools.deploy.segmentation import Segmenter, desegment, first_line
+from fairseq_rope_tools.deploy.segmentation import Segmenter, first_line
 from fairseq_rope_tools.text_lines import LINE_BREAKS
 
 try:
@@ -227,12 +228,10 @@ class Service:
 
     def answer(self, results: List[List[Hypothesis]], nbest: int, scores: bool) -> dict:
         """The JSON answer: the detokenized translations (n-best lists when ``nbest`` > 1) and, when
-        asked, their scores, as fairseq-rope-translate writes them (segmentation.desegment)."""
-        texts = iter(desegment([h.tokens for hypotheses in results for h in hypotheses], self.args.output_format,
-                               self.args.bpe_type, self.args.tgt))
+        asked, their scores, as fairseq-rope-translate writes them (output.texts_per_line)."""
         translations, scored = [], []
-        for hypotheses in results:
-            found = [next(texts) for _ in hypotheses]
+        texts = texts_per_line(results, self.args.output_format, self.args.bpe_type, self.args.tgt)
+        for hypotheses, found in zip(results, texts):
             if nbest == 1:  # an empty sentence has no hypothesis: an empty translation
                 translations.append(found[0] if found else "")
                 scored.append(hypotheses[0].score if hypotheses else None)

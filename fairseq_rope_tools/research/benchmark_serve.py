@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser, UserError, command, progress_sayer
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command, progress_sayer, run_logged
 from fairseq_rope_tools.files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.research.machine import cpu_model
 from fairseq_rope_tools.text_lines import read_lines
@@ -48,24 +48,19 @@ READY_TIMEOUT = 300.0  # seconds for the server to load the model
 
 def percentile(values, q):
     """The ``q``-th percentile (0-100) of ``values``, linearly interpolated (numpy's default)."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    import numpy
+
+    return float(numpy.percentile(values, q))
 
 
 def run_batch_command(model_dir, source, threads, work):
-    """The batch command on ``source``: (translations, decoding seconds, wall seconds)."""
+    """The batch command on ``source``: (translations, decoding seconds, wall seconds); its log in
+    ``work``, a failure a CommandFailed naming its last lines."""
     out, stats = work / "batch.out", work / "batch.json"
-    cmd = [sys.executable, "-m", "fairseq_rope_tools.deploy.translate", "--model-dir", str(model_dir), str(source),
-           "-o", str(out), "--threads", str(threads), "--stats-json", str(stats), "--quiet"]
     began = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    run_logged(["fairseq-rope-translate", "--model-dir", model_dir, source, "-o", out, "--threads", threads,
+                "--stats-json", stats, "--quiet"], work / "batch.log")
     wall = time.perf_counter() - began
-    if proc.returncode != 0:
-        raise UserError(f"fairseq-rope-translate exited with status {proc.returncode}: {proc.stderr.strip()[-2000:]}",
-                        status=1)
     return read_lines(out), json.loads(stats.read_text())["seconds"], wall
 
 
