@@ -136,3 +136,48 @@ def test_rotate_sends_cpu_tensors_to_the_kernel(kernel_launches):
     assert_close_to_reference(out, x, cos, sin, attn.rotary.layout)
     out.backward(torch.ones_like(out))
     assert len(kernel_launches) == 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("qkv", [False, True], ids=["one-projection", "q-and-k-of-qkv"])
+def test_the_in_place_rotation_writes_over_its_input_as_the_reference_rotates(kernel_launches, qkv, layout, dtype):
+    """``fused_rotate_`` rotates the given heads of a projection output where it lies, forward and
+    backward (by -m), and leaves the other heads (v) bit for bit."""
+    from fairseq_rope.modules.fused_rotary import fused_rotate_
+
+    T, B, H, D, rotary_dim = 3, 2, 3, 16, 12
+    g = torch.Generator().manual_seed(5)
+    rotary = RotaryEmbedding(rotary_dim, 10000.0, layout)
+    positions = make_positions("per_sentence", T, B)
+    cos_table, sin_table, _ = rotary.tables(T + 3, "cpu")
+    cos, sin = table_rows(rotary, positions, T + 3)
+    shape = (T, B, 3 * H if qkv else H, D)
+    heads = slice(None, 2 * H) if qkv else slice(None)
+    leaf = torch.randn(T * B, shape[2] * D, generator=g).to(dtype).requires_grad_()
+    x = leaf * 1.0  # a projection output: not a view, nothing else reads it
+    before = x.detach().clone().view(shape)
+
+    (out,) = fused_rotate_([x], cos_table, sin_table, positions, layout, shape, heads)
+    assert out is x
+    grad_out = torch.randn(x.shape, generator=g).to(dtype)
+    (grad_in,) = torch.autograd.grad(out, leaf, grad_out.clone())  # a gradient nothing else reads
+    assert kernel_launches == [[(T, B, 2 * H if qkv else H, D)]] * 2
+
+    assert_close_to_reference(out.detach().view(shape)[:, :, heads], before[:, :, heads], cos, sin, layout)
+    assert_close_to_reference(grad_in.view(shape)[:, :, heads], grad_out.view(shape)[:, :, heads], cos, -sin, layout)
+    assert torch.equal(out.detach().view(shape)[:, :, 2 * H:], before[:, :, 2 * H:])
+    assert torch.equal(grad_in.view(shape)[:, :, 2 * H:], grad_out.view(shape)[:, :, 2 * H:])
+
+
+def test_self_attention_rotates_q_and_k_where_the_projection_wrote_them(kernel_launches):
+    """No copy of the q/k/v projection: the rotated tensor is the projection's own."""
+    from fairseq_rope.modules.rotary_multihead_attention import RotaryMultiheadAttention
+
+    T, B, H, D = 3, 2, 4, 8
+    attn = RotaryMultiheadAttention(H * D, H, self_attention=True)
+    qkv = torch.randn(T * B, 3 * H * D, requires_grad=True) * 1.0
+    pointer = qkv.data_ptr()
+    (rotated,) = attn.rotary.rotate([qkv], torch.arange(T), T, (T, B, 3 * H, D), overwrite=True, rotated_heads=2 * H)
+    assert kernel_launches == [[(T, B, 2 * H, D)]]
+    assert rotated.data_ptr() == pointer

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .fused_rotary import fused_rotate, fused_runs_on
+from .fused_rotary import fused_rotate, fused_rotate_, fused_runs_on
 from .rope_scaling import check_scaling, rope_frequencies, scaling_spec
 from .rotary import apply_rotary, apply_rotary_, check_layout, dynamic_factors, next_power_of_two, rotation_angles
 
@@ -148,6 +148,7 @@ class RotaryEmbedding:
         ``factors``: s per batch row of a dynamic scaling (:meth:`row_factors`).
         """
         heads = slice(None, rotated_heads)
+        assert overwrite or rotated_heads is None, "rotated_heads needs overwrite=True"
         if not inverse and fused_runs_on(xs[0].device):
             cos, sin, _ = self.tables(length, positions.device)
             views = [x.view(heads_shape) for x in xs]
@@ -155,20 +156,21 @@ class RotaryEmbedding:
             # others keep the fused kernel's numbers whatever their batch
             scaled = None if factors is None else torch.nonzero(factors > 1.0).flatten()
             inputs = [] if scaled is None else [v[:, scaled, heads] for v in views]
-            rotated = fused_rotate([v[:, :, heads] for v in views], cos, sin, positions, self.layout)
-            rotated = [rotated] if len(xs) == 1 else rotated
-            if rotated_heads is not None:
-                rotated = [torch.cat((r, v[:, :, rotated_heads:]), dim=2) for r, v in zip(rotated, views)]
+            if overwrite:
+                rotated = fused_rotate_(xs, cos, sin, positions, self.layout, heads_shape, heads)
+            else:
+                rotated = fused_rotate(views, cos, sin, positions, self.layout)
+                rotated = [rotated] if len(xs) == 1 else list(rotated)
             if inputs:
                 rotations = self.rotations(positions, length, factors)[:, scaled]
                 for r, x in zip(rotated, inputs):
-                    r[:, scaled, heads] = apply_rotary(x, rotations.real, rotations.imag, self.layout)
+                    r.view(heads_shape)[:, scaled, heads] = apply_rotary(x, rotations.real, rotations.imag,
+                                                                         self.layout)
             return [r.view(x.shape) for r, x in zip(rotated, xs)]
         rotations = self.rotations(positions, length, factors)
         if inverse:
             rotations = torch.conj_physical(rotations)
         if not overwrite:
-            assert rotated_heads is None, "rotated_heads needs overwrite=True"
             return [
                 apply_rotary(x.view(heads_shape), rotations.real, rotations.imag, self.layout).view(x.shape)
                 for x in xs
