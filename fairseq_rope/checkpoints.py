@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from fairseq.file_io import PathManager
 
-from fairseq_rope_tools.files import write_atomically
+from fairseq_rope_files import write_atomically
 
 from .checkpoint_safe_globals import safe_load_kwargs
 from .config_values import OneLineError, config_value

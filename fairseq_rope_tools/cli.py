@@ -3,7 +3,7 @@ point that reports it (:class:`UserError`, :func:`command`), argument parsing, m
 progress lines, a SIGTERM that cleans up, and running fairseq's console scripts with their output
 logged line by line.
 
-Standard library only, like :mod:`fairseq_rope_tools.files`.
+Standard library only, like :mod:`fairseq_rope_files`.
 """
 
 import argparse

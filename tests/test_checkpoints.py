@@ -18,7 +18,7 @@ from conftest import REPO, run_cli
 from fairseq_rope import checkpoints
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically, saved_model_config
 from fairseq_rope.config_values import OneLineError, OptionError
-from fairseq_rope_tools.files import remove_stale_temporaries, write_atomically
+from fairseq_rope_files import remove_stale_temporaries, write_atomically
 
 
 def train_args(data_bin, save_dir, max_update):
@@ -235,7 +235,7 @@ def test_tools_write_through_the_same_code_without_importing_torch(tmp_path):
     import fairseq_rope.checkpoints
 
     script = (
-        "import sys; from fairseq_rope_tools import files\n"
+        "import sys; import fairseq_rope_files as files\n"
         "files.write_text_atomically(sys.argv[1], 'text')\n"
         "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n"
     )

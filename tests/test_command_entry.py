@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
+from fairseq_rope_files import outputs_over_inputs_problem
 from fairseq_rope_tools.cli import CommandFailed, UserError, command
-from fairseq_rope_tools.files import outputs_over_inputs_problem
 
 pytestmark = pytest.mark.fast
 

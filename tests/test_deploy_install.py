@@ -63,7 +63,7 @@ def deploy_env(tmp_path_factory):
     # a wheel of the checkout, built from a copy (a build writes build/ and *.egg-info beside its sources)
     source = root / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "fairseq_rope_files.py"):
         shutil.copy(REPO / name, source / name)
     for name in ("fairseq_rope", "fairseq_rope_tools", "examples"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))

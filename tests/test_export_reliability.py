@@ -13,7 +13,7 @@ import shutil
 import pytest
 from conftest import REPO, run_cli
 
-from fairseq_rope_tools import files
+import fairseq_rope_files as files
 
 pytest.importorskip("ctranslate2")
 from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)

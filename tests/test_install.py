@@ -48,12 +48,15 @@ def test_every_package_of_the_source_is_installed():
     on_disk = {".".join(init.parent.relative_to(REPO).parts)
                for top in ("fairseq_rope", "fairseq_rope_tools") for init in (REPO / top).rglob("__init__.py")}
     assert on_disk - set(PYPROJECT["tool"]["setuptools"]["packages"]) == set()
+    modules = {path.stem for path in REPO.glob("*.py")}  # top-level modules: fairseq_rope_files
+    assert modules == set(PYPROJECT["tool"]["setuptools"]["py-modules"])
 
 
 def test_every_file_parses_as_the_oldest_supported_python():
     floor = tuple(int(part) for part in requirements.PYTHON_FLOOR.split("."))
     assert PYPROJECT["project"]["requires-python"] == f">={requirements.PYTHON_FLOOR}"
-    for path in sorted([*(REPO / "fairseq_rope").rglob("*.py"), *(REPO / "fairseq_rope_tools").rglob("*.py")]):
+    for path in sorted([*REPO.glob("*.py"), *(REPO / "fairseq_rope").rglob("*.py"),
+                        *(REPO / "fairseq_rope_tools").rglob("*.py")]):
         ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=floor)
 
 
@@ -172,7 +175,7 @@ def copy_of_the_source(directory: Path) -> Path:
     build/ land there and not in the checkout."""
     source = directory / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "fairseq_rope_files.py"):
         shutil.copy(REPO / name, source / name)
     for name in ("fairseq_rope", "fairseq_rope_tools", "examples"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

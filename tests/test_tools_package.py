@@ -18,7 +18,7 @@ COMMANDS = PYPROJECT["project"]["scripts"]
 # import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
 # end to end without them (test_translate_reliability.py).
 TORCH_FREE = (
-    "fairseq_rope_tools.files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.user_dir",
+    "fairseq_rope_files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.user_dir",
     "fairseq_rope_tools.training_log", "fairseq_rope_tools.recipes",
     "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.deploy.engine", "fairseq_rope_tools.deploy.batching",
     "fairseq_rope_tools.deploy.ctranslate2_engine", "fairseq_rope_tools.deploy.fairseq_engine",
@@ -53,6 +53,24 @@ def test_tools_that_must_not_load_torch_do_not(module):
             "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope', 'ctranslate2') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0 and proc.stdout == "[]\n", (module, proc.stdout, proc.stderr[-2000:])
+
+
+def _imported_modules(path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_layers_import_only_downwards():
+    """fairseq_rope_files imports neither package, and the plugin nothing of the tools (lazy
+    imports inside functions included): a layer never imports the one above it."""
+    above = {"fairseq_rope_files.py": ("fairseq_rope", "fairseq_rope_tools")}
+    above.update({str(path.relative_to(REPO)): ("fairseq_rope_tools",) for path in _python_files("fairseq_rope")})
+    offenders = [(name, module) for name, packages in above.items() for module in _imported_modules(REPO / name)
+                 if module.split(".")[0] in packages]
+    assert offenders == []
 
 
 def test_nothing_is_imported_by_its_path():

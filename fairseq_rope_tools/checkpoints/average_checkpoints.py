@@ -53,8 +53,8 @@ from fairseq_rope.checkpoints import (
 )
 from fairseq_rope.model_options import computation_options, model_config
 from fairseq_rope.training_lengths import TrainingLengths
+from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem
 from fairseq_rope_tools.cli import UserError, command
-from fairseq_rope_tools.files import output_dir_problem, outputs_over_inputs_problem
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")

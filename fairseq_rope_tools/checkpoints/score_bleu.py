@@ -27,9 +27,9 @@ import re
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from fairseq_rope_files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import text_lines
 from fairseq_rope_tools.cli import UserError, command
-from fairseq_rope_tools.files import output_files_problem, write_lines_atomically, write_text_atomically
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 

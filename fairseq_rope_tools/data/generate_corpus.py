@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fairseq_rope_files import replace_directory, replaced_dir_problem, write_lines_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
-from fairseq_rope_tools.files import replace_directory, replaced_dir_problem, write_lines_atomically
 
 # ---------------------------------------------------------------------------------------------
 # Lexicon

@@ -41,13 +41,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-from fairseq_rope_tools.cli import ArgumentParser, UserError, command
-from fairseq_rope_tools.files import (
+from fairseq_rope_files import (
     outputs_over_inputs_problem,
     replace_directory,
     replaced_dir_problem,
     write_lines_atomically,
 )
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 
 # Debian bookworm packages with large German catalogs: compilers and tools, desktop programs.
 DEFAULT_PACKAGES = [

@@ -56,9 +56,9 @@ import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
+from fairseq_rope_files import outputs_over_inputs_problem, write_atomically, write_lines_atomically
 from fairseq_rope_tools import text_lines
 from fairseq_rope_tools.cli import UserError, command, sayer
-from fairseq_rope_tools.files import outputs_over_inputs_problem, write_atomically, write_lines_atomically
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")

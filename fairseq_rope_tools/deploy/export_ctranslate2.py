@@ -43,7 +43,7 @@ with ``--force`` it may also be an empty directory or an earlier export, recogni
 directory, one that holds the checkpoint or the data-bin above all, is refused in one line and
 left as it is. The model is written into a hidden directory beside the output
 (``.NAME.XXXXXXXX.tmp``) that takes its place in one rename when complete, as every tool here
-replaces a directory (``fairseq_rope_tools.files.replace_directory``); the export it replaces is
+replaces a directory (``fairseq_rope_files.replace_directory``); the export it replaces is
 deleted last, and what a killed export left is removed by the next one to the same name.
 
 ``export_info.json`` records the checkpoint the model came from: its real path, and the size and
@@ -74,6 +74,7 @@ from fairseq_rope.model_options import model_config, registered_model_name
 from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope.training_lengths import training_length
+from fairseq_rope_files import outputs_over_inputs_problem, replace_directory
 from fairseq_rope_tools.cli import UserError, command
 from fairseq_rope_tools.deploy.ctranslate2_scaling import (
     ExportedScaling,
@@ -103,7 +104,6 @@ from fairseq_rope_tools.deploy.work_dir import (
     languages_of,
     segmentation_of,
 )
-from fairseq_rope_tools.files import outputs_over_inputs_problem, replace_directory
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 DEFAULT_BUCKET_FACTORS = (1.5, 2.0, 3.0, 4.0)
@@ -320,7 +320,7 @@ def write_model_dir(model_dir, write_model, info) -> None:
 
 def write_export(output_dir, write_all, inputs, force) -> str:
     """What ``write_all(dir)`` writes, as one directory that takes ``output_dir``'s place when
-    complete (:func:`~fairseq_rope_tools.files.replace_directory`): an export it replaces is kept
+    complete (:func:`~fairseq_rope_files.replace_directory`): an export it replaces is kept
     until then. Returns the real path."""
 
     def write(tmp):

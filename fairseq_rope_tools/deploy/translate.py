@@ -68,6 +68,7 @@ import stat
 import sys
 from pathlib import Path
 
+from fairseq_rope_files import output_files_problem, write_lines, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's strict line reader)
 from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
@@ -75,7 +76,6 @@ from fairseq_rope_tools.deploy.batching import TOO_LONG_POLICIES, LengthLimit, b
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.output import OutputFormat
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter, first_line
-from fairseq_rope_tools.files import output_files_problem, write_lines, write_text_atomically
 
 say = sayer("translate")
 

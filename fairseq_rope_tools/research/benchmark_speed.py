@@ -47,8 +47,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import UserError, command, progress_sayer
-from fairseq_rope_tools.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
 
 # page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests

@@ -77,6 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, NamedTuple
 
+from fairseq_rope_files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import (
     ArgumentParser,
@@ -90,7 +91,6 @@ from fairseq_rope_tools.cli import (
     terminate_running,
 )
 from fairseq_rope_tools.deploy.segmentation import remove_bpe
-from fairseq_rope_tools.files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research import compare_data, compare_report
 from fairseq_rope_tools.text_lines import read_lines

@@ -59,6 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import (
     ArgumentParser,
     CommandFailed,
@@ -66,7 +67,6 @@ from fairseq_rope_tools.cli import (
     children_end_with_this_process,
     command,
 )
-from fairseq_rope_tools.files import output_dir_problem, outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.research.gpu_check_common import FULL, TINY, guarded, say
 from fairseq_rope_tools.research.gpu_check_ctranslate2 import ctranslate2_section
 from fairseq_rope_tools.research.gpu_check_environment import environment_section

@@ -13,8 +13,8 @@ and prints its path.
 import argparse
 import os
 
+from fairseq_rope_files import outputs_over_inputs_problem, write_atomically
 from fairseq_rope_tools.cli import UserError, command
-from fairseq_rope_tools.files import outputs_over_inputs_problem, write_atomically
 from fairseq_rope_tools.training_log import parse_train_log
 
 

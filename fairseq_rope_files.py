@@ -1,7 +1,9 @@
 """Writes that leave either the old file or directory or the complete new one, never a part.
 
-Standard library only: the plugin's checkpoint writes and the tools that must not load torch
-(the recipe's text steps, translation with CTranslate2) share it.
+Standard library only, and a module of its own below both packages: the plugin's checkpoint
+writes and every tool share it, the plugin without importing the tools and the tools that must
+not load torch (the recipe's text steps, translation with CTranslate2) without importing the
+plugin.
 """
 
 import contextlib
