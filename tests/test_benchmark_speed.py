@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 from conftest import run_cli, run_cli_streaming
 
 TINY_BUDGET = [
@@ -60,6 +61,31 @@ def test_benchmark_reports_every_row(tmp_path, malloc):
     assert pooled_train["runs"] == 2 and pooled_train["pairs"] == 4
     assert sorted(train["ratios"] * 2)[1] <= pooled_train["ratio_median"] <= sorted(train["ratios"] * 2)[2]
     assert "| train_tiny | 2 | 4 |" in pooled.stdout
+
+
+@pytest.mark.e2e
+def test_both_models_run_in_the_dtype_asked_for(tmp_path):
+    """--dtype bfloat16 (float16 on a GPU): both models train and decode in it, and the rotation
+    moves 2-byte elements; the report says which dtype and whether the fused kernel was on."""
+    out = tmp_path / "bench.json"
+    proc = run_cli(["fairseq-rope-benchmark-speed", *TINY_BUDGET, "--skip", "memory", "--dtype", "bfloat16",
+                    "--json-out", out], env={"FAIRSEQ_ROPE_FUSED": "0"})
+    report = json.loads(out.read_text())
+    assert report["settings"]["dtype"] == "bfloat16"
+    assert report["hardware"]["fused_rotation_switch"] == "FAIRSEQ_ROPE_FUSED=0"
+    assert "bfloat16, FAIRSEQ_ROPE_FUSED=0" in proc.stdout
+    rotation = report["results"]["rotation self-attention (positions shared by the batch)"]
+    length, sentences, embed = rotation["shape"]
+    assert rotation["bytes"] == 2 * length * sentences * embed * 2
+    assert report["results"]["train_tiny"]["rope"] > 0 and report["results"]["generate_tiny"]["rope"] > 0
+
+
+def test_models_are_built_in_the_dtype_asked_for():
+    from fairseq_rope_tools.research.benchmark_speed import build_on
+    from fairseq_rope_tools.research.models import DictionaryTask
+
+    model = build_on(torch.device("cpu"), "transformer_rope_tiny", DictionaryTask(50), torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
 @pytest.mark.e2e

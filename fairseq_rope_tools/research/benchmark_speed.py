@@ -30,6 +30,9 @@ Example::
 
     fairseq-rope-benchmark-speed --dims tiny base --reps 7 --json-out bench.json
     fairseq-rope-benchmark-speed --pool run1.json run2.json run3.json
+    # on a GPU, where users train: fp16, base size, 25k tokens per batch; then the same with the
+    # fused kernel switched off (FAIRSEQ_ROPE_FUSED=0) for the kernel's share
+    fairseq-rope-benchmark-speed --dims base --dtype float16 --tokens-per-batch 25000 --reps 21 --json-out gpu.json
 """
 
 import argparse
@@ -67,6 +70,7 @@ D256 = dict(encoder_embed_dim=256, decoder_embed_dim=256, encoder_ffn_embed_dim=
 # --clock: wall time, or the CPU seconds of this process (all its threads)
 CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 MODELS = ("baseline", "rope")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 progress = progress_sayer("benchmark-speed")  # timed from the start of the tool
 
@@ -77,8 +81,8 @@ progress = progress_sayer("benchmark-speed")  # timed from the start of the tool
 
 def load_plugin():
     """Import the plugin, which registers transformer_rope* with fairseq, register the d256
-    architectures, and return its rotary attention layer: the one place this script imports
-    fairseq_rope."""
+    architectures, and return its rotary attention layer: the one place this script imports the
+    plugin's models and layers (``hardware`` reads the name of its kernel switch)."""
     from fairseq.models import ARCH_MODEL_REGISTRY, register_model_architecture
     from fairseq.models.transformer import base_architecture
 
@@ -96,9 +100,9 @@ def load_plugin():
     return RotaryMultiheadAttention
 
 
-def build_on(device: torch.device, arch: str, task: DictionaryTask):
+def build_on(device: torch.device, arch: str, task: DictionaryTask, dtype: torch.dtype = torch.float32):
     load_plugin()
-    return build_model(arch, task)[0].to(device)
+    return build_model(arch, task)[0].to(device=device, dtype=dtype)
 
 
 def batch_sentences(tokens_per_batch: int, length: int) -> int:
@@ -186,12 +190,15 @@ def compare(run, reps, device, faults_unit, label, **details):
 # benchmarks
 
 
-def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_rep_seconds, label="training"):
-    """Target tokens per second of training steps of the two models of ``archs``; every
-    repetition runs enough steps to last ``min_rep_seconds`` (timed on the baseline)."""
+def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_rep_seconds, label="training",
+                   dtype=torch.float32):
+    """Target tokens per second of training steps of the two models of ``archs``, weights and
+    activations in ``dtype`` (Adam on the weights themselves: fairseq's ``--fp16`` keeps fp32
+    copies besides, the same work for both models); every repetition runs enough steps to last
+    ``min_rep_seconds`` (timed on the baseline)."""
     runs = {}
     for name, arch in zip(MODELS, archs):
-        model = build_on(stopwatch.device, arch, task)
+        model = build_on(stopwatch.device, arch, task, dtype)
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         for _ in range(warmup):
@@ -216,16 +223,17 @@ def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_r
                    tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
 
 
-def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4, label="generation"):
-    """Sentences per second of beam search with incremental decoding, every hypothesis forced to
-    ``length`` tokens so that both models do the same work."""
+def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4, label="generation",
+                     dtype=torch.float32):
+    """Sentences per second of beam search with incremental decoding, models in ``dtype``, every
+    hypothesis forced to ``length`` tokens so that both models do the same work."""
     from fairseq.sequence_generator import SequenceGenerator
 
     batch = make_batch(task, sentences, length, stopwatch.device, seed=1)
     sample = {"net_input": {"src_tokens": batch["src_tokens"], "src_lengths": batch["src_lengths"]}}
     generators = {}
     for name, arch in zip(MODELS, archs):
-        model = build_on(stopwatch.device, arch, task)
+        model = build_on(stopwatch.device, arch, task, dtype)
         model.eval()
         generator = SequenceGenerator(
             [model], task.target_dictionary, beam_size=beam,
@@ -248,8 +256,8 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
                    sentences=sentences, length=length, beam=beam)
 
 
-def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
-    """q and k of one base-size self-attention layer rotated as the layer rotates them
+def bench_rotation(sentences, length, stopwatch, reps, inner, warmup, dtype=torch.float32):
+    """q and k in ``dtype`` of one base-size self-attention layer rotated as the layer rotates them
     (``RotaryEmbedding.rotate`` with ``overwrite=True``) against ``copy_`` of the same bytes; both
     alternate inside every repetition."""
     rotary_attention = load_plugin()
@@ -258,11 +266,11 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
     attn = rotary_attention(embed, heads, self_attention=True).to(device)
     g = torch.Generator().manual_seed(0)
     # projection outputs: (time * batch, embed_dim), time-major
-    q = torch.randn(length * sentences, embed, generator=g).to(device)
-    k = torch.randn(length * sentences, embed, generator=g).to(device)
+    q = torch.randn(length * sentences, embed, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(length * sentences, embed, generator=g).to(device=device, dtype=dtype)
     positions = torch.arange(length, device=device)
     per_sentence = torch.arange(length, device=device).expand(sentences, -1).contiguous()
-    src = torch.randn(2 * q.numel(), generator=g).to(device)
+    src = torch.randn(2 * q.numel(), generator=g).to(device=device, dtype=dtype)
     dst = torch.empty_like(src)
 
     def rot(pos):
@@ -300,11 +308,11 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup):
 # ------------------------------- peak memory: one fresh process per model
 
 
-def memory_child(arch, device, vocab, sentences, length, steps):
-    """Build ``arch``, run training steps, print the memory high-water marks as JSON."""
+def memory_child(arch, device, vocab, sentences, length, steps, dtype=torch.float32):
+    """Build ``arch`` in ``dtype``, run training steps, print the memory high-water marks as JSON."""
     task = DictionaryTask(vocab)
     batch = make_batch(task, sentences, length, device)
-    model = build_on(device, arch, task)
+    model = build_on(device, arch, task, dtype)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     if device.type == "cuda":
@@ -360,7 +368,11 @@ def bench_memory(archs, child_args, reps, label="memory"):
 
 
 def hardware(device):
-    info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    from fairseq_rope.modules.fused_rotary import FUSED_SWITCH
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            # the fused kernel on or off (docs/gpu.md): the same command measures either
+            "fused_rotation_switch": f"{FUSED_SWITCH}={os.environ.get(FUSED_SWITCH, '1')}"}
     if device.type == "cuda":
         info["device"] = torch.cuda.get_device_name(device)
     else:
@@ -455,6 +467,9 @@ def parse_args(argv=None):
     p.add_argument("--memory-steps", type=int, default=2)
     p.add_argument("--skip", nargs="*", default=[], choices=["train", "generate", "rotation", "memory"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weights and activations of both models (float16: as fairseq-train --fp16 and "
+                        "fairseq-generate --fp16 run them on a GPU)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (CPU)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall: elapsed time; process: CPU time of this process, less sensitive to "
@@ -473,7 +488,7 @@ def memory_child_args(args):
     """The options a ``--memory-child`` process needs, as a command line."""
     return ["--device", args.device, "--vocab", str(args.vocab), "--length", str(args.length),
             "--tokens-per-batch", str(args.tokens_per_batch), "--threads", str(args.threads),
-            "--memory-steps", str(args.memory_steps)]
+            "--memory-steps", str(args.memory_steps), "--dtype", args.dtype]
 
 
 def speed_rows(dim, label, faults_label, res):
@@ -488,6 +503,7 @@ def run_benchmarks(args, device, stopwatch):
     """Every measurement ``args`` asks for: (results by JSON key, table rows)."""
     task = DictionaryTask(args.vocab)
     sentences = batch_sentences(args.tokens_per_batch, args.length)
+    dtype = DTYPES[args.dtype]
     results, rows = {}, []
     for dim in args.dims:
         archs = ARCHS[dim]
@@ -496,7 +512,7 @@ def run_benchmarks(args, device, stopwatch):
             progress(f"{dim} training: building {models}, {args.warmup} warm-up step(s) each")
             batch = make_batch(task, sentences, args.length, device)
             res = bench_training(archs, task, batch, stopwatch, args.reps, args.warmup, args.steps,
-                                 args.min_rep_seconds, label=f"{dim} training")
+                                 args.min_rep_seconds, label=f"{dim} training", dtype=dtype)
             results[f"train_{dim}"] = res
             rows += speed_rows(dim, "training throughput", "training step", res)
             progress(f"{dim} training done: RoPE / baseline {res['ratio_median']:.3f}")
@@ -512,13 +528,13 @@ def run_benchmarks(args, device, stopwatch):
         if "generate" not in args.skip:
             progress(f"{dim} generation: building {models}, {args.warmup} warm-up call(s) each")
             res = bench_generation(archs, task, args.gen_sentences, args.gen_length, stopwatch, args.reps,
-                                   args.warmup, label=f"{dim} generation")
+                                   args.warmup, label=f"{dim} generation", dtype=dtype)
             results[f"generate_{dim}"] = res
             rows += speed_rows(dim, "beam-4 generation", "generation call", res)
             progress(f"{dim} generation done: RoPE / baseline {res['ratio_median']:.3f}")
     if "rotation" not in args.skip:
         rotation = bench_rotation(sentences, args.length, stopwatch, args.rotation_reps, args.rotation_inner,
-                                  args.warmup)
+                                  args.warmup, dtype)
         for label, res in rotation.items():
             results[f"rotation {label}"] = res
             rows.append((f"base: rotate q and k, {label} (baseline column: copy floor)", res, "<= 2"))
@@ -540,7 +556,7 @@ def main(argv=None):
     device = torch.device(args.device)
     if args.memory_child:
         memory_child(args.memory_child, device, args.vocab, batch_sentences(args.tokens_per_batch, args.length),
-                     args.length, args.memory_steps)
+                     args.length, args.memory_steps, DTYPES[args.dtype])
         return
     logging.disable(logging.WARNING)
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "hardware": hardware(device),
@@ -550,7 +566,7 @@ def main(argv=None):
     hw = report["hardware"]
     print(f"\nCommand: `{report['command']}`")
     print(f"Hardware: {hw['device']}, torch {hw['torch']}, {hw['threads']} threads, {args.clock} clock, "
-          f"malloc {args.malloc}\n")
+          f"malloc {args.malloc}, {args.dtype}, {hw['fused_rotation_switch']}\n")
     print(table(rows))
     if args.json_out:
         write_json(args.json_out, report)
