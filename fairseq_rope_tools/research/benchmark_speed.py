@@ -105,6 +105,11 @@ def build_on(device: torch.device, arch: str, task: DictionaryTask, dtype: torch
     return build_model(arch, task)[0].to(device=device, dtype=dtype)
 
 
+def parameter_dtypes(models) -> str:
+    """The dtypes the models' weights really are in, for the report: ``bfloat16``."""
+    return ", ".join(sorted({str(p.dtype).replace("torch.", "") for m in models for p in m.parameters()}))
+
+
 def batch_sentences(tokens_per_batch: int, length: int) -> int:
     """Sentences of ``length`` tokens in a batch of about ``tokens_per_batch`` (at least one)."""
     return max(1, tokens_per_batch // length)
@@ -220,7 +225,8 @@ def bench_training(archs, task, batch, stopwatch, reps, warmup, min_steps, min_r
         return tokens * n_steps / seconds, faults / n_steps
 
     return compare(run, reps, stopwatch.device, "faults/step", label, unit="target tokens/s",
-                   tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps)
+                   tokens_per_batch=tokens, sentences=sentences, steps_per_rep=n_steps,
+                   weights_dtype=parameter_dtypes(model for model, _ in runs.values()))
 
 
 def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, beam=4, label="generation",
@@ -253,7 +259,8 @@ def bench_generation(archs, task, sentences, length, stopwatch, reps, warmup, be
         return sentences / seconds, faults
 
     return compare(run, reps, stopwatch.device, "faults/generate call", label, unit="sentences/s",
-                   sentences=sentences, length=length, beam=beam)
+                   sentences=sentences, length=length, beam=beam,
+                   weights_dtype=parameter_dtypes(g.model.models[0] for g in generators.values()))
 
 
 def bench_rotation(sentences, length, stopwatch, reps, inner, warmup, dtype=torch.float32):
