@@ -7,8 +7,8 @@ import torch
 from conftest import build_model, rotate, table_cos_sin
 
 from fairseq_rope.modules import RotaryMultiheadAttention
-from fairseq_rope.modules.rotary import LAYOUTS, apply_rotary, interleaved_to_half_permutation
-from fairseq_rope.modules.rotary_embedding import RotateInPlace
+from fairseq_rope.modules.rotary import LAYOUTS, RotateInPlace, apply_rotary, interleaved_to_half_permutation
+from fairseq_rope.modules.rotary_embedding import reference_rotation_
 
 CROSS = [[], ["--rope-cross-attention"]]
 CROSS_IDS = ["self-only", "cross-too"]
@@ -184,7 +184,7 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     torch.testing.assert_close(factor, torch.complex(table_cos, table_sin).view(T, 1, 1, -1), rtol=0, atol=0)
     upstream = torch.randn(T, B, H, D, dtype=torch.double)
 
-    rotated = RotateInPlace.apply(factor, layout, (T, B, H, D), slice(None), proj(x))
+    rotated = RotateInPlace.apply(reference_rotation_(factor, layout), (T, B, H, D), slice(None), proj(x))
     (rotated.view(T, B, H, D) * upstream).sum().backward()
     in_place = [p.grad.clone() for p in proj.parameters()]
     proj.zero_grad()
@@ -194,7 +194,7 @@ def test_in_place_projection_rotation_has_the_reference_gradient(layout, fractio
     torch.testing.assert_close(rotated.view(T, B, H, D), reference, rtol=0, atol=1e-6)
     for got, want in zip(in_place, [p.grad for p in proj.parameters()]):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    check = lambda y: RotateInPlace.apply(factor, layout, (T, B, H, D), slice(None), y * 1.0)  # noqa: E731
+    check = lambda y: RotateInPlace.apply(reference_rotation_(factor, layout), (T, B, H, D), slice(None), y * 1.0)  # noqa: E731
     assert torch.autograd.gradcheck(check, (torch.randn(T * B, H * D, dtype=torch.double, requires_grad=True),))
 
 

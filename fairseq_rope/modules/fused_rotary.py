@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..config_values import OptionError
-from .rotary import check_layout, next_power_of_two
+from .rotary import RotateInPlace, check_layout, next_power_of_two
 
 logger = logging.getLogger(__name__)
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
@@ -273,36 +273,6 @@ class FusedRotaryFunction(torch.autograd.Function):
         return (None, None, None, None, *grads_in)
 
 
-class FusedRotateInPlace(torch.autograd.Function):
-    """The kernel's rotation written over tensors nothing else reads (projection outputs, not
-    views), as ``RotateInPlace`` does with the reference rotation; backward rotates the incoming
-    gradient in place by -m, so it too must be a tensor nothing else reads, as every gradient
-    attention hands it is (the backward of ``chunk`` and of SDPA make new ones).
-
-    Only ``heads`` of each tensor seen as ``heads_shape`` rotate (q and k of a fused q/k/v
-    projection): v is neither copied nor written, and no activation-sized tensor is made in either
-    direction (joining rotated q and k to v again took 4.4 % of an H200's time in a base model's
-    fp16 training step, docs/gpu.md)."""
-
-    @staticmethod
-    def forward(ctx, cos_table, sin_table, positions, layout, heads_shape, heads, *xs):
-        _launch([x.view(heads_shape)[:, :, heads] for x in xs], cos_table, sin_table, positions, layout, 1.0,
-                in_place=True)
-        ctx.mark_dirty(*xs)
-        ctx.save_for_backward(cos_table, sin_table, positions)
-        ctx.layout, ctx.heads_shape, ctx.heads = layout, heads_shape, heads
-        return xs if len(xs) > 1 else xs[0]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        cos_table, sin_table, positions = ctx.saved_tensors
-        grads = [grad.contiguous() for grad in grads]  # a no-op for the dense gradients attention produces
-        _launch([grad.view(ctx.heads_shape)[:, :, ctx.heads] for grad in grads], cos_table, sin_table, positions,
-                ctx.layout, -1.0, in_place=True)
-        return (None,) * 6 + tuple(grads)
-
-
 def _kernel_positions(xs: Sequence[Tensor], layout: str, positions: Tensor) -> Tensor:
     check_layout(layout)
     if not fused_runs_on(xs[0].device):
@@ -321,10 +291,16 @@ def fused_rotate(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, pos
 
 def fused_rotate_(xs: Sequence[Tensor], cos_table: Tensor, sin_table: Tensor, positions: Tensor,
                   layout: str, heads_shape: Tuple[int, int, int, int], heads: slice = slice(None)):
-    """:func:`fused_rotate` in place: ``heads`` of each of ``xs`` (tensors nothing else reads, not
-    views) seen as time-first ``heads_shape``; returns ``xs``."""
+    """:func:`fused_rotate` in place (:class:`~.rotary.RotateInPlace`): ``heads`` of each of ``xs``
+    (tensors nothing else reads, not views) seen as time-first ``heads_shape``; returns ``xs``.
+    Joining rotated q and k to v again, as the kernel's first use in attention did, took 4.4 % of an
+    H200's time in a base model's fp16 training step (docs/gpu.md)."""
     positions = _kernel_positions(xs, layout, positions)
-    rotated = FusedRotateInPlace.apply(cos_table, sin_table, positions, layout, heads_shape, heads, *xs)
+
+    def rotate_(views, inverse):
+        _launch(views, cos_table, sin_table, positions, layout, -1.0 if inverse else 1.0, in_place=True)
+
+    rotated = RotateInPlace.apply(rotate_, heads_shape, heads, *xs)
     return list(rotated) if len(xs) > 1 else [rotated]
 
 

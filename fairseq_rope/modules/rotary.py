@@ -21,10 +21,11 @@ fp16 cannot even represent position 2049, bf16 not 257.
 """
 
 import math
-from typing import Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..config_values import OptionError
 
@@ -203,3 +204,31 @@ def next_power_of_two(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()
 
+
+class RotateInPlace(torch.autograd.Function):
+    """R_m written over tensors nothing else reads; backward rotates the incoming gradient in place
+    by -m (R_m^T = R_{-m}), so it too must be a tensor nothing else reads, as every gradient
+    attention hands it is (the backward of ``chunk`` and of SDPA make new ones).
+
+    Each input is a linear layer's output -- not a view, so autograd needs no copy to track the
+    in-place change -- whose ``heads`` of ``heads_shape`` rotate (q and k of a fused q/k/v
+    projection: v is neither copied nor written). ``rotate_(views, inverse)`` rotates the heads'
+    views in place, by m or by -m: the reference rotation or the fused kernel. A projection output is
+    not kept for backward, and the rotated tensors and their gradients live only inside one
+    attention call: no activation-sized tensor is made in either direction.
+    """
+
+    @staticmethod
+    def forward(ctx, rotate_: Callable[[List[Tensor], bool], None], heads_shape: Tuple[int, ...], heads: slice,
+                *xs: Tensor):
+        rotate_([x.view(heads_shape)[:, :, heads] for x in xs], False)
+        ctx.mark_dirty(*xs)
+        ctx.rotate_, ctx.heads_shape, ctx.heads = rotate_, heads_shape, heads
+        return xs if len(xs) > 1 else xs[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Tensor):
+        grads = [grad.contiguous() for grad in grads]  # a no-op for the dense gradients attention produces
+        ctx.rotate_([grad.view(ctx.heads_shape)[:, :, ctx.heads] for grad in grads], True)
+        return (None, None, None, *grads)

@@ -17,11 +17,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .fused_rotary import fused_rotate, fused_rotate_, fused_runs_on
 from .rope_scaling import check_scaling, rope_frequencies, scaling_spec
-from .rotary import apply_rotary, apply_rotary_, check_layout, dynamic_factors, next_power_of_two, rotation_angles
+from .rotary import (
+    RotateInPlace,
+    apply_rotary,
+    apply_rotary_,
+    check_layout,
+    dynamic_factors,
+    next_power_of_two,
+    rotation_angles,
+)
 
 
 class RotaryEmbedding:
@@ -176,43 +183,21 @@ class RotaryEmbedding:
                 for x in xs
             ]
         if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-            rotated = RotateInPlace.apply(rotations, self.layout, heads_shape, heads, *xs)
+            rotated = RotateInPlace.apply(reference_rotation_(rotations, self.layout), heads_shape, heads, *xs)
             return list(rotated) if len(xs) > 1 else [rotated]
         for x in xs:
             apply_rotary_(x.view(heads_shape)[:, :, heads], rotations, self.layout)
         return list(xs)
 
 
-class RotateInPlace(torch.autograd.Function):
-    """R_m written into tensors nothing else reads; backward rotates the incoming gradient in place
-    by -m (R_m^T = R_{-m}).
-
-    Each input is a linear layer's output -- not a view, so autograd needs no copy to track the
-    in-place change -- whose ``heads`` of ``heads_shape`` rotate by the complex ``rotations``. A projection
-    output is not kept for backward, and the rotated tensors and their gradients live only inside
-    one attention call: no activation-sized tensor is made in either direction.
-    """
-
-    @staticmethod
-    def forward(ctx, rotations: Tensor, layout: str, heads_shape: Tuple[int, ...], heads: slice, *xs: Tensor):
-        for x in xs:
-            apply_rotary_(x.view(heads_shape)[:, :, heads], rotations, layout)
-        ctx.mark_dirty(*xs)
-        ctx.save_for_backward(rotations)
-        ctx.layout, ctx.heads_shape, ctx.heads = layout, heads_shape, heads
-        return xs if len(xs) > 1 else xs[0]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads: Tensor):
-        (rotations,) = ctx.saved_tensors
-        inverse = torch.conj_physical(rotations)  # e^{-i m theta}
-        rotated = []
-        for grad in grads:
-            grad = grad.contiguous()  # a no-op for the dense gradients attention produces
-            apply_rotary_(grad.view(ctx.heads_shape)[:, :, ctx.heads], inverse, ctx.layout)
-            rotated.append(grad)
-        return (None, None, None, None, *rotated)
+def reference_rotation_(rotations: Tensor, layout: str):
+    """``rotate_(views, inverse)`` for :class:`~.rotary.RotateInPlace`: the complex ``rotations``
+    (or their conjugates, e^{-i m theta}) applied in place."""
+    def rotate_(views, inverse):
+        factors = torch.conj_physical(rotations) if inverse else rotations
+        for view in views:
+            apply_rotary_(view, factors, layout)
+    return rotate_
 
 
 @lru_cache(maxsize=256)
