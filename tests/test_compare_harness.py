@@ -915,6 +915,48 @@ def test_the_long_input_recipes_train_through_the_recipes_knob_and_the_plugins_f
     assert harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8"]).joined_groups == [2, 3]
 
 
+def test_a_recipes_variant_takes_settings_of_its_own():
+    """rope_concat@concat-max-sentences=8 beside rope_concat: one comparison, one baseline, each
+    run with its own K; a run of the same model under another name is reused (same settings)."""
+    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope",
+                               "rope_concat@concat-prob=0.20,concat-max-sentences=16", "rope_concat",
+                               "rope_concat_randpos@rope-random-positions=2", "--baseline", "rope_concat",
+                               "--concat-max-sentences", "8"])
+    own = "rope_concat@concat-max-sentences=16,concat-prob=0.2"  # canonical: the options' order, numbers as %g
+    assert args.variants == ["rope_concat", "rope", own, "rope_concat_randpos@rope-random-positions=2"]
+    env = {v: harness.run_settings(args, v, 1)["recipe_env"] for v in args.variants}
+    assert (env["rope_concat"]["CONCAT_MAX_SENTENCES"], env["rope_concat"]["CONCAT_PROB"]) == ("8", "0.5")
+    assert (env[own]["CONCAT_MAX_SENTENCES"], env[own]["CONCAT_PROB"]) == ("16", "0.2")
+    randpos = harness.run_settings(args, "rope_concat_randpos@rope-random-positions=2", 1)
+    assert randpos["flags"] == ["--rope-random-positions", "2"] and randpos["recipe_env"] == env["rope_concat"]
+    assert set(harness.extra_decodes(args, own)) == {""} and harness.variant_spec(own).family == "transformer_rope"
+    renamed = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants",
+                                  "rope_concat@concat-max-sentences=8", "--baseline", "rope_concat@concat-max-sentences=8"])
+    assert harness.run_settings(renamed, renamed.variants[0], 1) == harness.run_settings(args, "rope_concat", 1)
+
+
+@pytest.mark.parametrize("variants, message", [
+    (["rope@concat-prob=0.2"], "--variants rope@concat-prob=0.2: rope reads no concat-prob: it is an option of the "
+                               "variants sinusoidal_concat rope_concat rope_concat_randpos"),
+    (["rope_concat@k=8"], "'k=8' is not OPTION=VALUE with OPTION one of concat-max-sentences, concat-prob, "
+                          "rope-random-positions"),
+    (["rope_concat@"], "'' is not OPTION=VALUE"),
+    (["rope_concat@concat-max-sentences=8.5"], "concat-max-sentences takes a whole number, got '8.5'"),
+    (["rope_concat@concat-max-sentences=1"], "concat-max-sentences must be a number K >= 2"),
+    (["rope_concat@concat-prob=0,concat-max-sentences=4"], "concat-prob must be a probability in (0, 1]"),
+    (["rope_concat@concat-prob=0.2,concat-prob=0.3"], "concat-prob is given twice"),
+    (["rope_cat"], "--variants rope_cat: unknown variant 'rope_cat': choose from sinusoidal, learned"),
+    (["rope_concat", "rope_concat@concat-max-sentences=3"],
+     "--variants rope_concat and rope_concat@concat-max-sentences=3 train the same model: drop one"),
+    (["rope_concat@concat-prob=0.2", "--concat-prob", "0.3"],
+     "--concat-prob is read by no variant of --variants: rope_concat@concat-prob=0.2 set their own; drop it"),
+])
+def test_a_variants_own_settings_are_checked_as_the_flags_are(capsys, variants, message):
+    with pytest.raises(SystemExit) as stop:
+        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--baseline", variants[0], "--variants", *variants])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.e2e
 def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     """rope_concat_randpos trains through train.sh's concatenation knob with the plugin's
@@ -922,10 +964,12 @@ def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     import torch
 
     out = tmp_path / "compare"
-    run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", "rope_concat_randpos",
-             "--baseline", "rope_concat_randpos", *TINY_RUN, "--length-split", "6", "--joined-groups", "2",
-             "--concat-prob", "1", "--rope-random-positions", "3"], timeout=400)
-    run_dir = out / "runs" / "rope_concat_randpos" / "seed1"
+    # its own settings in its name: the run's directory, fairseq-train's --save-dir and fairseq-generate's --path
+    # (which splits at ':') take the name as it is
+    variant = "rope_concat_randpos@concat-prob=1,rope-random-positions=3"
+    run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", variant,
+             "--baseline", variant, *TINY_RUN, "--length-split", "6", "--joined-groups", "2"], timeout=400)
+    run_dir = out / "runs" / variant / "seed1"
     train_log = (run_dir / "train.log").read_text()
     assert "CONCAT_MAX_SENTENCES=3" in train_log.splitlines()[0] and "CONCAT_PROB=1" in train_log.splitlines()[0]
     assert "train.sh --rope-random-positions 3" in train_log.splitlines()[0]
@@ -933,7 +977,7 @@ def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
     assert cfg["task"]["_name"] == "translation_concat" and cfg["model"].rope_random_positions == 3.0
     assert cfg["model"].rope_trained_length > 7  # pairs of at most 6 words (+ EOS) were joined
-    run = json.loads((out / "results.json").read_text())["results"]["rope_concat_randpos"][0]
+    run = json.loads((out / "results.json").read_text())["results"][variant][0]
     assert set(run["decodes"][""]["oracle"]) == {"test x2"}
     table = (out / "results.md").read_text()
-    assert "`rope_concat_randpos`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table
+    assert f"`{variant}`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table

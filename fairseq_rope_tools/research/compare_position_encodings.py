@@ -36,7 +36,9 @@ Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``),
 ``rope_linear`` (``--attention-kind linear``): the encodings, the default; and the training
 recipes for long inputs, named only: ``sinusoidal_concat`` and ``rope_concat`` (concatenation
 training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--concat-prob``),
-``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both). Data
+``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both); a recipe's
+variant with settings of its own is ``NAME@OPTION=VALUE[,...]`` (``rope_concat@concat-max-sentences=8``),
+so that one report compares several settings of a recipe against one baseline. Data
 (fairseq_rope_tools/research/compare_data.py): ``--prepared-dir WORK_DIR`` (a corpus prepared by
 prepare.sh), ``--quickstart-corpus`` (the synthetic corpus, prepared by prepare.sh here),
 ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
@@ -121,9 +123,79 @@ VARIANTS = {
     "rope_concat_randpos": Variant("transformer_rope", [], concatenation=True, random_positions=True),
 }
 ENCODINGS = [name for name, v in VARIANTS.items() if not (v.concatenation or v.random_positions)]  # the default
-# the options of the recipes, with their defaults: each is refused when no variant of --variants reads it
-RECIPE_OPTIONS = {"concat_max_sentences": ("concatenation", 3), "concat_prob": ("concatenation", 0.5),
-                  "rope_random_positions": ("random_positions", 4.0)}
+
+
+class RecipeOption(NamedTuple):
+    recipe: str  # the Variant field of the variants that read it
+    default: float
+    type: type
+
+
+# the options of the recipes: each is refused when no variant of --variants reads it; a variant
+# can set its own (VARIANT@OPTION=VALUE,...: parse_variant)
+RECIPE_OPTIONS = {"concat_max_sentences": RecipeOption("concatenation", 3, int),
+                  "concat_prob": RecipeOption("concatenation", 0.5, float),
+                  "rope_random_positions": RecipeOption("random_positions", 4.0, float)}
+OWN_SETTINGS = "@"  # rope_concat@concat-max-sentences=8: rope_concat, trained with its own K
+
+
+def variant_spec(variant) -> Variant:
+    """The Variant a name of --variants trains (``rope_concat@concat-max-sentences=8``: ``rope_concat``'s)."""
+    return VARIANTS[variant.partition(OWN_SETTINGS)[0]]
+
+
+def parse_variant(text):
+    """A name of --variants, ``NAME`` or ``NAME@OPTION=VALUE[,OPTION=VALUE]`` with OPTIONs of
+    :data:`RECIPE_OPTIONS` that NAME reads: (its canonical name, {option: value}). A ValueError
+    says what is wrong."""
+    base, own_settings, settings = text.partition(OWN_SETTINGS)
+    if base not in VARIANTS:
+        raise ValueError(f"unknown variant {base!r}: choose from {', '.join(VARIANTS)}")
+    own = {}
+    for item in settings.split(",") if own_settings else []:
+        flag, is_set, value = item.partition("=")
+        name = flag.replace("-", "_")
+        if not is_set or name not in RECIPE_OPTIONS:
+            raise ValueError(f"{item!r} is not OPTION=VALUE with OPTION one of "
+                             + ", ".join(n.replace("_", "-") for n in RECIPE_OPTIONS))
+        if not getattr(VARIANTS[base], RECIPE_OPTIONS[name].recipe):
+            raise ValueError(f"{base} reads no {flag}: it is an option of the variants "
+                             + " ".join(recipe_readers(name)))
+        if name in own:
+            raise ValueError(f"{flag} is given twice")
+        try:
+            own[name] = RECIPE_OPTIONS[name].type(value)
+        except ValueError:
+            kind = "a whole number" if RECIPE_OPTIONS[name].type is int else "a number"
+            raise ValueError(f"{flag} takes {kind}, got {value!r}") from None
+        problem = recipe_value_problem(name, own[name])
+        if problem:
+            raise ValueError(f"{flag} {problem}")
+    canonical = ",".join(f"{n.replace('_', '-')}={own[n]:g}" for n in RECIPE_OPTIONS if n in own)
+    return (f"{base}{OWN_SETTINGS}{canonical}" if own else base), own
+
+
+def recipe_readers(name):
+    """The variants that read the recipe option ``name``."""
+    return [v for v, spec in VARIANTS.items() if getattr(spec, RECIPE_OPTIONS[name].recipe)]
+
+
+def recipe_value_problem(name, value):
+    """What is wrong with ``value`` for the recipe option ``name`` (None: nothing)."""
+    if name == "concat_max_sentences" and value < 2:
+        return f"must be a number K >= 2 of sentences joined at most, got {value:g}"
+    if name == "concat_prob" and not 0.0 < value <= 1.0:
+        return f"must be a probability in (0, 1], got {value:g}"
+    if name == "rope_random_positions" and not (math.isfinite(value) and value > 1.0):
+        return f"must be a number R > 1 (the range of positions, R times a sequence's length), got {value:g}"
+    return None
+
+
+def recipe_value(args, variant, name):
+    """The value of the recipe option ``name`` a variant trains with: its own, else the flag's."""
+    return args.variant_settings.get(variant, {}).get(name, getattr(args, name))
+
+
 SIZES = {
     "tiny": {"transformer": "transformer_tiny", "transformer_rope": "transformer_rope_tiny",
              "transformer_rpe": "transformer_rpe_tiny"},
@@ -212,11 +284,13 @@ class Decoding:
 def run_settings(args, variant, seed):
     """Everything that decides a run's trained model (the threads per training aside); each
     decode's own settings are :func:`decode_settings`."""
-    spec = VARIANTS[variant]
-    flags = spec.flags + (["--rope-random-positions", f"{args.rope_random_positions:g}"]
+    spec = variant_spec(variant)
+    flags = spec.flags + (["--rope-random-positions", f"{recipe_value(args, variant, 'rope_random_positions'):g}"]
                           if spec.random_positions else [])
-    return {"variant": variant, "seed": seed, "arch": SIZES[args.size][spec.family], "flags": flags,
-            "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
+    # the variant that names the model, its own settings in flags and recipe_env: a run of
+    # rope_concat@concat-max-sentences=3 is a run of rope_concat with --concat-max-sentences 3
+    return {"variant": variant.partition(OWN_SETTINGS)[0], "seed": seed, "arch": SIZES[args.size][spec.family],
+            "flags": flags, "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
             "average_last": args.average_last, "data": args.data_source}
 
 
@@ -233,8 +307,9 @@ def recipe_env(args, variant):
         env["MAX_TOKENS"] = args.max_tokens
     if args.dropout is not None:
         env["DROPOUT"] = args.dropout
-    if VARIANTS[variant].concatenation:
-        env.update(CONCAT_MAX_SENTENCES=args.concat_max_sentences, CONCAT_PROB=f"{args.concat_prob:g}")
+    if variant_spec(variant).concatenation:
+        env.update(CONCAT_MAX_SENTENCES=recipe_value(args, variant, "concat_max_sentences"),
+                   CONCAT_PROB=f"{recipe_value(args, variant, 'concat_prob'):g}")
     return {k: str(v) for k, v in env.items()}
 
 
@@ -254,7 +329,7 @@ def extra_decodes(args, variant):
     """{row suffix: --model-overrides} of the decodes of a variant: the plain one, and RoPE
     frequency scalings."""
     decodes = {"": None}
-    if VARIANTS[variant][0] == "transformer_rope" and args.extrapolation_scaling:
+    if variant_spec(variant).family == "transformer_rope" and args.extrapolation_scaling:
         from fairseq_rope.modules.rope_scaling import scaling_spec
 
         for spec in args.extrapolation_scaling:
@@ -288,7 +363,7 @@ def wanted_decodes(args, variant):
     """{row suffix: decode settings} of a variant: fairseq-generate's (:func:`extra_decodes`) and, for
     RoPE with --ctranslate2-length-buckets, CTranslate2's."""
     wanted = {suffix: decode_settings(args, overrides) for suffix, overrides in extra_decodes(args, variant).items()}
-    if args.ctranslate2_length_buckets is not None and VARIANTS[variant][0] == "transformer_rope":
+    if args.ctranslate2_length_buckets is not None and variant_spec(variant).family == "transformer_rope":
         wanted[CT2_BUCKETS] = {**decode_settings(args, None), "engine": "ctranslate2",
                                "length_buckets": args.ctranslate2_length_buckets}
         if args.rope_scaling_original_length:  # the buckets' training length, as for fairseq's decodes
@@ -597,7 +672,7 @@ def check_extrapolation_scalings(p, specs) -> None:
 
 def check_options_take_effect(p, args) -> None:
     """An option that would change nothing is refused, not ignored: the user believes it did."""
-    rope = [v for v in args.variants if VARIANTS[v][0] == "transformer_rope"]
+    rope = [v for v in args.variants if variant_spec(v).family == "transformer_rope"]
     if (args.extrapolation_scaling or args.ctranslate2_length_buckets is not None) and not rope:
         p.error("--extrapolation-scaling and --ctranslate2-length-buckets decode the RoPE variants only, and "
                 "--variants names none: add rope (roper, rope_linear), or drop them")
@@ -631,22 +706,20 @@ def check_options_take_effect(p, args) -> None:
 
 def check_recipe_options(p, args) -> None:
     """The options of the training recipes (:data:`RECIPE_OPTIONS`): refused when no variant
-    reads them, else checked and given their defaults."""
-    for name, (recipe, default) in RECIPE_OPTIONS.items():
+    reads them, or when every variant that does sets its own; else checked and given their defaults."""
+    for name, option in RECIPE_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        readers = [v for v in args.variants if getattr(variant_spec(v), option.recipe)]
         if getattr(args, name) is None:
-            setattr(args, name, default)
-        elif not any(getattr(VARIANTS[v], recipe) for v in args.variants):
-            readers = " ".join(v for v, spec in VARIANTS.items() if getattr(spec, recipe))
-            p.error(f"--{name.replace('_', '-')} is read by the variants {readers}, and --variants names none: "
+            setattr(args, name, option.default)
+        elif not readers:
+            p.error(f"{flag} is read by the variants {' '.join(recipe_readers(name))}, and --variants names none: "
                     "add one, or drop it")
-    if args.concat_max_sentences < 2:
-        p.error(f"--concat-max-sentences must be a number K >= 2 of sentences joined at most, got "
-                f"{args.concat_max_sentences}")
-    if not 0.0 < args.concat_prob <= 1.0:
-        p.error(f"--concat-prob must be a probability in (0, 1], got {args.concat_prob:g}")
-    if not (math.isfinite(args.rope_random_positions) and args.rope_random_positions > 1.0):
-        p.error(f"--rope-random-positions must be a number R > 1 (the range of positions, R times a sequence's "
-                f"length), got {args.rope_random_positions:g}")
+        elif all(name in args.variant_settings[v] for v in readers):
+            p.error(f"{flag} is read by no variant of --variants: {' '.join(readers)} set their own; drop it")
+        problem = recipe_value_problem(name, getattr(args, name))
+        if problem:
+            p.error(f"{flag} {problem}")
 
 
 def needs_training_length(spec) -> bool:
@@ -670,10 +743,12 @@ def parse_args(argv=None):
     p.add_argument("--corpus-train-size", type=int, help="--quickstart-corpus training pairs (default 20000)")
     p.add_argument("--corpus-seed", type=int, help="--quickstart-corpus seed (default 1)")
     p.add_argument("--corpus-bpe-size", type=int, help="--quickstart-corpus BPE merges (default 2000)")
-    p.add_argument("--variants", nargs="+", default=ENCODINGS, choices=list(VARIANTS),
-                   help=f"default: the encodings, {' '.join(ENCODINGS)}")
-    p.add_argument("--baseline", default="sinusoidal", choices=list(VARIANTS),
-                   help="the variant every other one is tested against (default sinusoidal)")
+    p.add_argument("--variants", nargs="+", default=ENCODINGS, metavar="VARIANT",
+                   help=f"any of {' '.join(VARIANTS)} (default: the encodings, {' '.join(ENCODINGS)}); a training "
+                        "recipe's variant with settings of its own: NAME@OPTION=VALUE[,OPTION=VALUE] with OPTIONs "
+                        "of the recipe's flags, e.g. rope_concat@concat-max-sentences=8,concat-prob=0.2")
+    p.add_argument("--baseline", default="sinusoidal", metavar="VARIANT",
+                   help="the variant of --variants every other one is tested against (default sinusoidal)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--size", choices=list(SIZES), default="tiny", help="architecture size of every variant")
     p.add_argument("--max-update", type=int, default=2000)
@@ -702,12 +777,13 @@ def parse_args(argv=None):
                         "each also scored by its sentence-split oracle (default: 2 3)")
     p.add_argument("--concat-max-sentences", type=int, default=None, metavar="K",
                    help="the variants with concat in their name join a training pair with 1 to K - 1 others "
-                        "(default 3)")
+                        "(default 3), unless they set their own")
     p.add_argument("--concat-prob", type=float, default=None, metavar="P",
                    help="the variants with concat in their name join this share of the training pairs with others "
-                        "(default 0.5)")
+                        "(default 0.5), unless they set their own")
     p.add_argument("--rope-random-positions", type=float, default=None, metavar="R",
-                   help="the variants with randpos in their name train with --rope-random-positions R (default 4)")
+                   help="the variants with randpos in their name train with --rope-random-positions R (default 4), "
+                        "unless they set their own")
     p.add_argument("--extrapolation-scaling", nargs="*", default=[], metavar="METHOD:FACTOR",
                    help="also decode RoPE variants with --rope-scaling METHOD and this factor, or METHOD "
                         "alone for a kind chosen per sentence (from its length and the training length the "
@@ -728,6 +804,18 @@ def parse_args(argv=None):
     args = p.parse_args(attach_pass_through_values(list(sys.argv[1:] if argv is None else argv)))
     args.train_args = [a for value in args.train_args for a in shlex.split(value)]
     args.generate_args = [a for value in args.generate_args for a in shlex.split(value)]
+    args.variant_settings = {}  # {canonical name: its own recipe settings}
+
+    def canonical(flag, text):
+        try:
+            name, own = parse_variant(text)
+        except ValueError as e:
+            p.error(f"{flag} {text}: {e}")
+        args.variant_settings[name] = own
+        return name
+
+    args.variants = [canonical("--variants", text) for text in args.variants]
+    args.baseline = canonical("--baseline", args.baseline)
     if args.length_split and args.data_bin:
         p.error("--length-split needs text (--prepared-dir, --quickstart-corpus or --raw-dir), not --data-bin")
     if args.extrapolation_scaling:
@@ -760,6 +848,11 @@ def parse_args(argv=None):
     args.data_source = {"source": source[0], "path": str(source[1]), "length_split": args.length_split,
                         **({"corpus": [args.corpus_seed, args.corpus_train_size, args.corpus_bpe_size]}
                            if args.quickstart_corpus else {})}
+    trained = {}
+    for variant in args.variants:
+        same = trained.setdefault(json.dumps(run_settings(args, variant, 0), sort_keys=True), variant)
+        if same != variant:
+            p.error(f"--variants {same} and {variant} train the same model: drop one")
     return args
 
 
