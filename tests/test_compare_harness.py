@@ -933,13 +933,19 @@ def test_a_recipes_variant_takes_settings_of_its_own():
     renamed = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants",
                                   "rope_concat@concat-max-sentences=8", "--baseline", "rope_concat@concat-max-sentences=8"])
     assert harness.run_settings(renamed, renamed.variants[0], 1) == harness.run_settings(args, "rope_concat", 1)
+    # joins from a later epoch: train.sh's CONCAT_FROM_EPOCH, absent at its default (the runs made before it)
+    later = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_concat",
+                                "rope_concat@concat-from-epoch=5", "--baseline", "rope_concat"])
+    assert harness.run_settings(later, "rope_concat@concat-from-epoch=5", 1)["recipe_env"]["CONCAT_FROM_EPOCH"] == "5"
+    assert "CONCAT_FROM_EPOCH" not in harness.run_settings(later, "rope_concat", 1)["recipe_env"]
 
 
 @pytest.mark.parametrize("variants, message", [
     (["rope@concat-prob=0.2"], "--variants rope@concat-prob=0.2: rope reads no concat-prob: it is an option of the "
                                "variants sinusoidal_concat rope_concat rope_concat_randpos"),
     (["rope_concat@k=8"], "'k=8' is not OPTION=VALUE with OPTION one of concat-max-sentences, concat-prob, "
-                          "rope-random-positions"),
+                          "concat-from-epoch, rope-random-positions"),
+    (["rope_concat@concat-from-epoch=0"], "concat-from-epoch must be an epoch number >= 1, got 0"),
     (["rope_concat@"], "'' is not OPTION=VALUE"),
     (["rope_concat@concat-max-sentences=8.5"], "concat-max-sentences takes a whole number, got '8.5'"),
     (["rope_concat@concat-max-sentences=1"], "concat-max-sentences must be a number K >= 2"),
@@ -973,6 +979,7 @@ def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     train_log = (run_dir / "train.log").read_text()
     assert "CONCAT_MAX_SENTENCES=3" in train_log.splitlines()[0] and "CONCAT_PROB=1" in train_log.splitlines()[0]
     assert "train.sh --rope-random-positions 3" in train_log.splitlines()[0]
+    assert "'concat_from_epoch': 1" in train_log  # train.sh passes CONCAT_FROM_EPOCH (default 1) to the task
     assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in train_log
     cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
     assert cfg["task"]["_name"] == "translation_concat" and cfg["model"].rope_random_positions == 3.0

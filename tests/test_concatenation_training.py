@@ -34,8 +34,8 @@ def pairs_dataset(pairs=200, seed=0, shuffle=True):
                                np.array([len(t) for t in tgt]), dictionary, shuffle=shuffle)
 
 
-def joined(base, max_sentences=3, prob=0.5, seed=1, limits=(1024, 1024), epoch=1):
-    dataset = ConcatenatedPairsDataset(base, max_sentences, prob, seed, *limits)
+def joined(base, max_sentences=3, prob=0.5, seed=1, limits=(1024, 1024), epoch=1, from_epoch=1):
+    dataset = ConcatenatedPairsDataset(base, max_sentences, prob, seed, *limits, from_epoch=from_epoch)
     dataset.set_epoch(epoch)
     return dataset
 
@@ -67,6 +67,16 @@ def test_a_share_prob_of_the_pairs_is_joined_with_1_to_k_minus_1_others():
     assert all(p[0] not in p[1:] for p in with_others)  # never joined with itself
     assert plan(joined(base, prob=0.0)) == [[i] for i in range(len(base))]
     assert plan(joined(base, max_sentences=1, prob=1.0)) == [[i] for i in range(len(base))]
+
+
+def test_before_concat_from_epoch_the_pairs_train_alone_and_then_join_as_from_the_start():
+    base = pairs_dataset()
+    alone = [[i] for i in range(len(base))]
+    assert plan(joined(base, epoch=1, from_epoch=3)) == alone
+    assert plan(joined(base, epoch=2, from_epoch=3)) == alone
+    assert (joined(base, epoch=2, from_epoch=3).sizes == np.stack([base.src_sizes, base.tgt_sizes], axis=1)).all()
+    for epoch in (3, 4):  # an epoch's joins are those it has when joining from the start
+        assert plan(joined(base, epoch=epoch, from_epoch=3)) == plan(joined(base, epoch=epoch)) != alone
 
 
 def test_sources_join_sources_and_targets_join_targets_dropping_the_inner_eos():
@@ -115,8 +125,8 @@ def test_the_batches_follow_the_joined_sizes():
 def test_bad_settings_are_refused_naming_the_flag():
     from fairseq_rope.tasks.translation_concat import TranslationConcatConfig, TranslationConcatTask
 
-    for settings, flag in (({"concat_max_sentences": 0}, "--concat-max-sentences"), ({"concat_prob": 1.5},
-                                                                                     "--concat-prob")):
+    for settings, flag in (({"concat_max_sentences": 0}, "--concat-max-sentences"),
+                           ({"concat_prob": 1.5}, "--concat-prob"), ({"concat_from_epoch": 0}, "--concat-from-epoch")):
         with pytest.raises(OptionError, match=flag):
             TranslationConcatTask.setup_task(TranslationConcatConfig(**settings))
 

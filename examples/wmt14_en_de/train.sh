@@ -33,9 +33,11 @@ SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-2000}"
 KEEP_INTERVAL_UPDATES="${KEEP_INTERVAL_UPDATES:-10}"   # keep enough for average.sh (last 5)
 LOG_INTERVAL="${LOG_INTERVAL:-100}"
 # concatenation training (--task translation_concat, docs/position_encodings.md): K > 1 joins a
-# CONCAT_PROB share of the training pairs with 1 to K - 1 others, drawn anew every epoch; 1: off
+# CONCAT_PROB share of the training pairs with 1 to K - 1 others, drawn anew every epoch, from
+# epoch CONCAT_FROM_EPOCH on (the epochs before it: the pairs alone); 1: off
 CONCAT_MAX_SENTENCES="${CONCAT_MAX_SENTENCES:-1}"
 CONCAT_PROB="${CONCAT_PROB:-0.5}"
+CONCAT_FROM_EPOCH="${CONCAT_FROM_EPOCH:-1}"
 SEED="${SEED:-1}"
 NUM_WORKERS="${NUM_WORKERS:-1}"            # fairseq data-loader workers
 CPU="${CPU:-auto}"                         # auto: CPU when no GPU is visible; 1: force CPU
@@ -50,6 +52,8 @@ LOG_FILE="${LOG_FILE:-$SAVE_DIR/train.log}"
     || die "no binarized $SRC-$TGT data in $DATA_BIN: run examples/wmt14_en_de/prepare.sh first (or set DATA_BIN)"
 [[ "$CONCAT_MAX_SENTENCES" =~ ^[1-9][0-9]*$ ]] \
     || die "CONCAT_MAX_SENTENCES must be a whole number K >= 1 (1: no concatenation training), got '$CONCAT_MAX_SENTENCES'"
+[[ "$CONCAT_FROM_EPOCH" =~ ^[1-9][0-9]*$ ]] \
+    || die "CONCAT_FROM_EPOCH must be an epoch number >= 1, got '$CONCAT_FROM_EPOCH'"
 command -v fairseq-train >/dev/null || die "fairseq-train not on PATH: run 'make setup' and put .venv/bin first on PATH"
 
 GPUS="${GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
@@ -77,7 +81,8 @@ USER_DIR_ARGS=(--user-dir "$(plugin_dir)")
 
 TASK_ARGS=()
 if [[ "$CONCAT_MAX_SENTENCES" -gt 1 ]]; then
-    TASK_ARGS+=(--task translation_concat --concat-max-sentences "$CONCAT_MAX_SENTENCES" --concat-prob "$CONCAT_PROB")
+    TASK_ARGS+=(--task translation_concat --concat-max-sentences "$CONCAT_MAX_SENTENCES" --concat-prob "$CONCAT_PROB"
+                --concat-from-epoch "$CONCAT_FROM_EPOCH")
 fi
 
 ARGS=(
@@ -100,7 +105,7 @@ if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
 fi
 log "$ARCH on $( [[ "$CPU" == 1 ]] && echo CPU || echo "$DEVICES GPU(s)"): max-tokens $MAX_TOKENS x $DEVICES device(s) x update-freq $UPDATE_FREQ = $((MAX_TOKENS * DEVICES * UPDATE_FREQ)) tokens per update; log $LOG_FILE"
 if [[ "$CONCAT_MAX_SENTENCES" -gt 1 ]]; then
-    log "concatenation training: a share $CONCAT_PROB of the training pairs joined with 1 to $((CONCAT_MAX_SENTENCES - 1)) others"
+    log "concatenation training: a share $CONCAT_PROB of the training pairs joined with 1 to $((CONCAT_MAX_SENTENCES - 1)) others, from epoch $CONCAT_FROM_EPOCH"
 fi
 if [[ "$NNODES" -gt 1 ]]; then
     command -v torchrun >/dev/null || die "torchrun not on PATH (it comes with torch)"

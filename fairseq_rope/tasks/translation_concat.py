@@ -5,7 +5,8 @@ IWSLT 2021): a model trained on single sentences translates an input of several 
 whatever its position encoding, because it has never seen one. Here each training pair is, with
 probability ``--concat-prob``, joined with 1 to K - 1 other pairs drawn at random
 (``--concat-max-sentences K``): their sources one after the other, their targets likewise, as a
-user joins the sentences of a paragraph. The joins are drawn anew every epoch from ``--seed``
+user joins the sentences of a paragraph; from epoch ``--concat-from-epoch`` on (1: from the start),
+so that a model can first learn from the pairs alone. The joins are drawn anew every epoch from ``--seed``
 and the epoch, so a rerun -- or a resume in the middle of an epoch -- sees the same batches; a
 join that would exceed the longest input the model and the task accept (``--max-source-positions``,
 ``--max-target-positions``, ``--max-tokens``) is left out. Validation and test sets are fairseq's
@@ -35,17 +36,19 @@ logger = logging.getLogger(__name__)
 class ConcatenatedPairsDataset(FairseqDataset):
     """A :class:`~fairseq.data.LanguagePairDataset` whose example i is pair i, joined, with
     probability ``prob``, with 1 to ``max_sentences`` - 1 other pairs drawn at random for the
-    epoch (:meth:`set_epoch`). A join drops the EOS between the joined sentences (fairseq's
-    binarized sentences end with one), so its size is known without reading the data."""
+    epoch (:meth:`set_epoch`), from epoch ``from_epoch`` on. A join drops the EOS between the
+    joined sentences (fairseq's binarized sentences end with one), so its size is known without
+    reading the data."""
 
     def __init__(self, dataset: LanguagePairDataset, max_sentences: int, prob: float, seed: int,
-                 max_source_positions: int, max_target_positions: int):
+                 max_source_positions: int, max_target_positions: int, from_epoch: int = 1):
         if dataset.tgt is None:
             raise OptionError("--task translation_concat joins training pairs and needs their targets")
         if dataset.buckets is not None or dataset.align_dataset is not None:
             raise OptionError("--task translation_concat cannot be combined with --num-batch-buckets or "
                               "--load-alignments: drop them")
         self.dataset, self.max_sentences, self.prob, self.seed = dataset, max_sentences, prob, seed
+        self.from_epoch = from_epoch
         self.limits = (max_source_positions, max_target_positions)
         self.epoch, self._planned_for = 1, None
         self.eos = dataset.src_dict.eos()
@@ -75,7 +78,8 @@ class ConcatenatedPairsDataset(FairseqDataset):
         base_src, base_tgt = self.dataset.src_sizes.astype(np.int64), self.dataset.tgt_sizes.astype(np.int64)
         pairs, others = len(base_src), self.max_sentences - 1
         rng = np.random.default_rng([self.seed, self.epoch])
-        joined = rng.random(pairs) < self.prob
+        # drawn in every epoch, so that an epoch's joins do not depend on from_epoch
+        joined = (rng.random(pairs) < self.prob) & (self.epoch >= self.from_epoch)
         wanted = rng.integers(1, max(others, 1) + 1, size=pairs)
         drawn = rng.integers(0, max(pairs - 1, 1), size=(pairs, others))
         drawn += drawn >= np.arange(pairs)[:, None]  # another pair, never the pair itself
@@ -90,10 +94,14 @@ class ConcatenatedPairsDataset(FairseqDataset):
             src, tgt = np.where(take, longer_src, src), np.where(take, longer_tgt, tgt)
         self.partners, self.src_sizes, self.tgt_sizes = partners, src, tgt
         self._planned_for = (self.epoch, self.limits)
-        with_others = int((partners >= 0).any(axis=1).sum())
-        logger.info(f"epoch {self.epoch}: {with_others} of {pairs} training pairs joined with 1 to {others} others "
-                    f"(--concat-prob {self.prob:g}, --concat-max-sentences {self.max_sentences}); "
-                    f"longest source {int(src.max(initial=0))}, target {int(tgt.max(initial=0))} tokens")
+        if self.epoch < self.from_epoch:
+            logger.info(f"epoch {self.epoch}: the training pairs alone (joins from --concat-from-epoch "
+                        f"{self.from_epoch})")
+        else:
+            with_others = int((partners >= 0).any(axis=1).sum())
+            logger.info(f"epoch {self.epoch}: {with_others} of {pairs} training pairs joined with 1 to {others} "
+                        f"others (--concat-prob {self.prob:g}, --concat-max-sentences {self.max_sentences}); "
+                        f"longest source {int(src.max(initial=0))}, target {int(tgt.max(initial=0))} tokens")
 
     def parts(self, index) -> List[int]:
         """The pairs example ``index`` joins this epoch, in order."""
@@ -162,6 +170,8 @@ class TranslationConcatConfig(TranslationConfig):
                 "1: no joins"})
     concat_prob: float = field(default=0.5, metadata={
         "help": "the probability that a training pair is joined with others"})
+    concat_from_epoch: int = field(default=1, metadata={
+        "help": "join pairs from this epoch on; the epochs before it train on the pairs alone"})
     seed: int = II("common.seed")
 
 
@@ -178,6 +188,8 @@ class TranslationConcatTask(TranslationTask):
                               f"got {cfg.concat_max_sentences}")
         if not 0.0 <= cfg.concat_prob <= 1.0:
             raise OptionError(f"--concat-prob must be a probability in [0, 1], got {cfg.concat_prob}")
+        if not (isinstance(cfg.concat_from_epoch, int) and cfg.concat_from_epoch >= 1):
+            raise OptionError(f"--concat-from-epoch must be an epoch number >= 1, got {cfg.concat_from_epoch}")
         return super().setup_task(cfg, **kwargs)
 
     def joins(self) -> bool:
@@ -188,7 +200,7 @@ class TranslationConcatTask(TranslationTask):
         if split == self.cfg.train_subset and self.joins():
             self.datasets[split] = ConcatenatedPairsDataset(
                 self.datasets[split], self.cfg.concat_max_sentences, self.cfg.concat_prob, self.cfg.seed,
-                self.cfg.max_source_positions, self.cfg.max_target_positions)
+                self.cfg.max_source_positions, self.cfg.max_target_positions, self.cfg.concat_from_epoch)
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            *args, **kwargs):

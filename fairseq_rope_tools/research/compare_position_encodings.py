@@ -35,7 +35,8 @@ Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``),
 (Shaw et al. 2018, ``transformer_rpe``), ``rope``, ``roper`` (``--rope-values``),
 ``rope_linear`` (``--attention-kind linear``): the encodings, the default; and the training
 recipes for long inputs, named only: ``sinusoidal_concat`` and ``rope_concat`` (concatenation
-training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--concat-prob``),
+training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--concat-prob``,
+``--concat-from-epoch``),
 ``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both); a recipe's
 variant with settings of its own is ``NAME@OPTION=VALUE[,...]`` (``rope_concat@concat-max-sentences=8``),
 so that one report compares several settings of a recipe against one baseline. Data
@@ -135,6 +136,7 @@ class RecipeOption(NamedTuple):
 # can set its own (VARIANT@OPTION=VALUE,...: parse_variant)
 RECIPE_OPTIONS = {"concat_max_sentences": RecipeOption("concatenation", 3, int),
                   "concat_prob": RecipeOption("concatenation", 0.5, float),
+                  "concat_from_epoch": RecipeOption("concatenation", 1, int),
                   "rope_random_positions": RecipeOption("random_positions", 4.0, float)}
 OWN_SETTINGS = "@"  # rope_concat@concat-max-sentences=8: rope_concat, trained with its own K
 
@@ -184,6 +186,8 @@ def recipe_value_problem(name, value):
     """What is wrong with ``value`` for the recipe option ``name`` (None: nothing)."""
     if name == "concat_max_sentences" and value < 2:
         return f"must be a number K >= 2 of sentences joined at most, got {value:g}"
+    if name == "concat_from_epoch" and value < 1:
+        return f"must be an epoch number >= 1, got {value:g}"
     if name == "concat_prob" and not 0.0 < value <= 1.0:
         return f"must be a probability in (0, 1], got {value:g}"
     if name == "rope_random_positions" and not (math.isfinite(value) and value > 1.0):
@@ -310,6 +314,8 @@ def recipe_env(args, variant):
     if variant_spec(variant).concatenation:
         env.update(CONCAT_MAX_SENTENCES=recipe_value(args, variant, "concat_max_sentences"),
                    CONCAT_PROB=f"{recipe_value(args, variant, 'concat_prob'):g}")
+        if recipe_value(args, variant, "concat_from_epoch") > 1:  # else the settings of the runs made before it
+            env["CONCAT_FROM_EPOCH"] = recipe_value(args, variant, "concat_from_epoch")
     return {k: str(v) for k, v in env.items()}
 
 
@@ -781,6 +787,9 @@ def parse_args(argv=None):
     p.add_argument("--concat-prob", type=float, default=None, metavar="P",
                    help="the variants with concat in their name join this share of the training pairs with others "
                         "(default 0.5), unless they set their own")
+    p.add_argument("--concat-from-epoch", type=int, default=None, metavar="E",
+                   help="the variants with concat in their name join pairs from epoch E on (default 1), unless "
+                        "they set their own")
     p.add_argument("--rope-random-positions", type=float, default=None, metavar="R",
                    help="the variants with randpos in their name train with --rope-random-positions R (default 4), "
                         "unless they set their own")
