@@ -874,7 +874,7 @@ def test_joined_groups_know_the_single_sentences_they_join():
     (["--joined-groups", "2", "6"], "--joined-groups names the test groups of --length-split, which is not asked"),
     (["--length-split", "8", "--joined-groups", "1", "6"], "--joined-groups: each is a number N >= 2"),
     (["--concat-max-sentences", "3"], "--concat-max-sentences is read by the variants sinusoidal_concat rope_concat "
-                                      "rope_concat_randpos, and --variants names none"),
+                                      "rope_concat_randpos rope_cross_concat, and --variants names none"),
     (["--concat-prob", "0.5"], "--concat-prob is read by the variants"),
     (["--rope-random-positions", "4"], "--rope-random-positions is read by the variants rope_randpos "
                                        "rope_concat_randpos"),
@@ -909,6 +909,12 @@ def test_the_long_input_recipes_train_through_the_recipes_knob_and_the_plugins_f
     assert harness.decode_settings(args, None)["joined_groups"] == [2, 3, 6, 8]
     assert set(harness.extra_decodes(args, "rope_concat_randpos")) == {"", "+dynamic-yarn"}
     assert set(harness.extra_decodes(args, "sinusoidal_concat")) == {""}
+    # RoPE in the encoder-decoder attention too, named only: with and without concatenation
+    cross = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_cross", "rope_cross_concat",
+                                "--baseline", "rope_cross"])
+    assert harness.run_settings(cross, "rope_cross", 1)["flags"] == ["--rope-cross-attention"]
+    cross_concat = harness.run_settings(cross, "rope_cross_concat", 1)
+    assert cross_concat["flags"] == ["--rope-cross-attention"] and cross_concat["recipe_env"]["CONCAT_MAX_SENTENCES"] == "3"
     default = harness.parse_args(["--raw-dir", "x", "--out-dir", "o"])
     assert default.variants == ["sinusoidal", "learned", "none", "rpe", "rope", "roper", "rope_linear"]
     assert "joined_groups" not in harness.decode_settings(default, None)  # no length split: no groups
@@ -942,7 +948,7 @@ def test_a_recipes_variant_takes_settings_of_its_own():
 
 @pytest.mark.parametrize("variants, message", [
     (["rope@concat-prob=0.2"], "--variants rope@concat-prob=0.2: rope reads no concat-prob: it is an option of the "
-                               "variants sinusoidal_concat rope_concat rope_concat_randpos"),
+                               "variants sinusoidal_concat rope_concat rope_concat_randpos rope_cross_concat"),
     (["rope_concat@k=8"], "'k=8' is not OPTION=VALUE with OPTION one of concat-max-sentences, concat-prob, "
                           "concat-from-epoch, rope-random-positions"),
     (["rope_concat@concat-from-epoch=0"], "concat-from-epoch must be an epoch number >= 1, got 0"),

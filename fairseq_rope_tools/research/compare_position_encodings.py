@@ -33,8 +33,9 @@ threads per training the numbers are those of one training at a time.
 
 Variants: ``sinusoidal``, ``learned``, ``none`` (stock fairseq ``transformer``), ``rpe``
 (Shaw et al. 2018, ``transformer_rpe``), ``rope``, ``roper`` (``--rope-values``),
-``rope_linear`` (``--attention-kind linear``): the encodings, the default; and the training
-recipes for long inputs, named only: ``sinusoidal_concat`` and ``rope_concat`` (concatenation
+``rope_linear`` (``--attention-kind linear``): the encodings, the default; ``rope_cross``
+(``--rope-cross-attention``), named only; and the training recipes for long inputs, named only:
+``sinusoidal_concat``, ``rope_concat`` and ``rope_cross_concat`` (concatenation
 training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--concat-prob``,
 ``--concat-from-epoch``),
 ``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both); a recipe's
@@ -107,6 +108,7 @@ class Variant(NamedTuple):
     flags: List[str]
     concatenation: bool = False  # trained with concatenation (train.sh's CONCAT_MAX_SENTENCES)
     random_positions: bool = False  # trained with --rope-random-positions
+    named_only: bool = False  # an encoding that runs only when --variants names it
 
 
 VARIANTS = {
@@ -117,13 +119,17 @@ VARIANTS = {
     "rope": Variant("transformer_rope", []),
     "roper": Variant("transformer_rope", ["--rope-values"]),
     "rope_linear": Variant("transformer_rope", ["--attention-kind", "linear"]),
+    # encoder-decoder attention rotated too: its scores see the distance between target and source positions
+    "rope_cross": Variant("transformer_rope", ["--rope-cross-attention"], named_only=True),
     # the training recipes for inputs longer than the training pairs (docs/position_encodings.md)
     "sinusoidal_concat": Variant("transformer", [], concatenation=True),
     "rope_concat": Variant("transformer_rope", [], concatenation=True),
     "rope_randpos": Variant("transformer_rope", [], random_positions=True),
     "rope_concat_randpos": Variant("transformer_rope", [], concatenation=True, random_positions=True),
+    "rope_cross_concat": Variant("transformer_rope", ["--rope-cross-attention"], concatenation=True),
 }
-ENCODINGS = [name for name, v in VARIANTS.items() if not (v.concatenation or v.random_positions)]  # the default
+ENCODINGS = [name for name, v in VARIANTS.items()  # the default
+             if not (v.concatenation or v.random_positions or v.named_only)]
 
 
 class RecipeOption(NamedTuple):
