@@ -182,11 +182,11 @@ class RotaryEmbedding:
                 apply_rotary(x.view(heads_shape), rotations.real, rotations.imag, self.layout).view(x.shape)
                 for x in xs
             ]
+        rotate_ = reference_rotation_(rotations, self.layout)
         if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-            rotated = RotateInPlace.apply(reference_rotation_(rotations, self.layout), heads_shape, heads, *xs)
+            rotated = RotateInPlace.apply(rotate_, heads_shape, heads, *xs)
             return list(rotated) if len(xs) > 1 else [rotated]
-        for x in xs:
-            apply_rotary_(x.view(heads_shape)[:, :, heads], rotations, self.layout)
+        rotate_([x.view(heads_shape)[:, :, heads] for x in xs], False)  # decoding: no autograd Function to pass
         return list(xs)
 
 

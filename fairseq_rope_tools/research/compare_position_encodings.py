@@ -79,7 +79,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, NamedTuple
+from typing import Callable, List, NamedTuple
 
 from fairseq_rope_files import output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.checkpoints import score_bleu
@@ -136,20 +136,32 @@ class RecipeOption(NamedTuple):
     recipe: str  # the Variant field of the variants that read it
     default: float
     type: type
+    valid: Callable[[float], bool]
+    requirement: str  # what a valid value is, for the message that refuses another
 
 
 # the options of the recipes: each is refused when no variant of --variants reads it; a variant
 # can set its own (VARIANT@OPTION=VALUE,...: parse_variant)
-RECIPE_OPTIONS = {"concat_max_sentences": RecipeOption("concatenation", 3, int),
-                  "concat_prob": RecipeOption("concatenation", 0.5, float),
-                  "concat_from_epoch": RecipeOption("concatenation", 1, int),
-                  "rope_random_positions": RecipeOption("random_positions", 4.0, float)}
+RECIPE_OPTIONS = {
+    "concat_max_sentences": RecipeOption("concatenation", 3, int, lambda k: k >= 2,
+                                         "a number K >= 2 of sentences joined at most"),
+    "concat_prob": RecipeOption("concatenation", 0.5, float, lambda p: 0.0 < p <= 1.0, "a probability in (0, 1]"),
+    "concat_from_epoch": RecipeOption("concatenation", 1, int, lambda e: e >= 1, "an epoch number >= 1"),
+    "rope_random_positions": RecipeOption("random_positions", 4.0, float, lambda r: math.isfinite(r) and r > 1.0,
+                                          "a number R > 1 (the range of positions, R times a sequence's length)"),
+}
 OWN_SETTINGS = "@"  # rope_concat@concat-max-sentences=8: rope_concat, trained with its own K
 
 
+def base_variant(variant) -> str:
+    """The variant of :data:`VARIANTS` a name of --variants is (``rope_concat@concat-max-sentences=8``:
+    ``rope_concat``)."""
+    return variant.partition(OWN_SETTINGS)[0]
+
+
 def variant_spec(variant) -> Variant:
-    """The Variant a name of --variants trains (``rope_concat@concat-max-sentences=8``: ``rope_concat``'s)."""
-    return VARIANTS[variant.partition(OWN_SETTINGS)[0]]
+    """The Variant a name of --variants trains."""
+    return VARIANTS[base_variant(variant)]
 
 
 def parse_variant(text):
@@ -190,15 +202,8 @@ def recipe_readers(name):
 
 def recipe_value_problem(name, value):
     """What is wrong with ``value`` for the recipe option ``name`` (None: nothing)."""
-    if name == "concat_max_sentences" and value < 2:
-        return f"must be a number K >= 2 of sentences joined at most, got {value:g}"
-    if name == "concat_from_epoch" and value < 1:
-        return f"must be an epoch number >= 1, got {value:g}"
-    if name == "concat_prob" and not 0.0 < value <= 1.0:
-        return f"must be a probability in (0, 1], got {value:g}"
-    if name == "rope_random_positions" and not (math.isfinite(value) and value > 1.0):
-        return f"must be a number R > 1 (the range of positions, R times a sequence's length), got {value:g}"
-    return None
+    option = RECIPE_OPTIONS[name]
+    return None if option.valid(value) else f"must be {option.requirement}, got {value:g}"
 
 
 def recipe_value(args, variant, name):
@@ -299,7 +304,7 @@ def run_settings(args, variant, seed):
                           if spec.random_positions else [])
     # the variant that names the model, its own settings in flags and recipe_env: a run of
     # rope_concat@concat-max-sentences=3 is a run of rope_concat with --concat-max-sentences 3
-    return {"variant": variant.partition(OWN_SETTINGS)[0], "seed": seed, "arch": SIZES[args.size][spec.family],
+    return {"variant": base_variant(variant), "seed": seed, "arch": SIZES[args.size][spec.family],
             "flags": flags, "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
             "average_last": args.average_last, "data": args.data_source}
 
