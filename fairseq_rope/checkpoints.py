@@ -33,9 +33,16 @@ from fairseq.file_io import PathManager
 
 from fairseq_rope_files import write_atomically
 
+from .checkpoint_namespaces import dicts_as_namespaces, namespaces_as_dicts
 from .checkpoint_safe_globals import safe_load_kwargs
 from .config_values import OneLineError, config_value
-from .model_options import check_model_overrides, check_resumed_model, model_config, trained_model_differences
+from .model_options import (
+    check_model_overrides,
+    check_resumed_model,
+    model_config,
+    plugin_model_name,
+    trained_model_differences,
+)
 from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
 from .save_dir_lock import lock_save_dir
 from .training_lengths import COUNTS, TrainingLengths
@@ -214,7 +221,7 @@ def load_checkpoint_to_cpu_checking_overrides(load_checkpoint_to_cpu):
             # an allowed override of a trained option restates its value: applying it is a no-op
             arg_overrides = {k: v for k, v in arg_overrides.items() if k not in plugin}
             arg_overrides.update({k: v for k, v in plugin.items() if k in options_with_role(INFERENCE)})
-        state = load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks)
+        state = dicts_as_namespaces(load_checkpoint_to_cpu(path, arg_overrides, load_on_all_ranks), arg_overrides)
         if plugin:
             check_model_overrides(model_config(state), plugin, path)
         return state
@@ -285,8 +292,15 @@ def _records_dictionaries(state_dict):
 
 def trainer_state_dict_recorded(state_dict):
     """fairseq's ``Trainer.state_dict`` (what every checkpoint saves) recording the training
-    lengths in the model configuration and the dictionaries' fingerprints beside it."""
-    return _records_dictionaries(_records_training_lengths(state_dict))
+    lengths in the model configuration and the dictionaries' fingerprints beside it, its
+    Namespaces saved as dicts (:mod:`.checkpoint_namespaces`)."""
+    recorded = _records_dictionaries(_records_training_lengths(state_dict))
+
+    def state_dict_recorded(trainer):
+        return namespaces_as_dicts(recorded(trainer), lambda model: plugin_model_name(getattr(model, "arch", None))
+                                   is not None)
+
+    return state_dict_recorded
 
 
 def _resume_checks_the_model(load_checkpoint):

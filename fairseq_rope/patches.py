@@ -89,11 +89,14 @@ PATCHES = (
           "the --save-dir lock (two trainings can write one save dir) and the resume from the newest readable "
           "checkpoint when checkpoint_last.pt is truncated"),
     Patch("fairseq.checkpoint_utils", "load_checkpoint_to_cpu", load_checkpoint_to_cpu_checking_overrides,
-          "the --model-overrides check: an override can change an option the model was trained with"),
+          "the --model-overrides check (an override can change an option the model was trained with), and the "
+          "model options of checkpoints saved with the plugin made a Namespace again, as fairseq builds a "
+          "legacy architecture from"),
     Patch("fairseq.trainer:Trainer", "state_dict", trainer_state_dict_recorded,
           "the training lengths in checkpoints (--rope-scaling yarn and dynamic-* need "
-          "--rope-scaling-original-length) and the dictionaries' fingerprints (averaging checkpoints of "
-          "other dictionaries is not refused)"),
+          "--rope-scaling-original-length), the dictionaries' fingerprints (averaging checkpoints of "
+          "other dictionaries is not refused), and model options saved as a dict, which fairseq without "
+          "--user-dir reads far enough to name the unknown architecture (a Namespace is an UnpicklingError)"),
     Patch("fairseq.trainer:Trainer", "load_checkpoint", trainer_load_checkpoint_checked,
           "the resume check (a resume can change an option that defines the trained model) and the "
           "continued training-length counts"),

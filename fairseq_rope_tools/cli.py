@@ -42,8 +42,9 @@ def command(main: Optional[Callable] = None, *, label: Optional[str] = None) -> 
     """The entry point of every fairseq-rope-* command, around its ``main(argv)``: main's return
     value is the exit status (None: 0); a :class:`UserError` or a plugin error becomes one line on
     stderr, ``PROG: error: MESSAGE`` (``LABEL error: MESSAGE`` with ``@command(label=...)``, for a
-    recipe's own steps), and its exit status; SIGTERM unwinds like Ctrl-C, so that ``finally``
-    clauses remove what was half written (status 143); a reader that closes the pipe early
+    recipe's own steps), and its exit status; Ctrl-C is one line, ``PROG: interrupted (Ctrl-C)``
+    (status 130), and SIGTERM unwinds like it, so that ``finally`` clauses remove what was half
+    written (status 143); a reader that closes the pipe early
     (``| head``) ends the command quietly (status 141, as a killed pipe writer)."""
     if main is None:
         return functools.partial(command, label=label)
@@ -61,6 +62,11 @@ def command(main: Optional[Callable] = None, *, label: Optional[str] = None) -> 
             # the reader has gone: later writes (Python's own flush at exit) must not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(128 + signal.SIGPIPE)
+        except KeyboardInterrupt:  # Ctrl-C: what was written stays written, the rest was cleaned up on the way
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            sys.stderr.write(f"{heading} interrupted (Ctrl-C)\n")
+            sys.exit(128 + signal.SIGINT)
         except Exception as error:
             if not (isinstance(error, UserError) or _is_plugin_error(error)):
                 raise
@@ -138,9 +144,49 @@ def plugin_dir() -> str:
     return os.path.abspath(spec.submodule_search_locations[0])
 
 
+PACKAGE = "fairseq-rope"
+
+
+def package_version() -> str:
+    """The installed package's version; in a checkout that is not installed, pyproject.toml's."""
+    import importlib.metadata  # here: the commands that never print it do not pay for it
+
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+        with contextlib.suppress(OSError), open(pyproject, encoding="utf-8") as f:
+            found = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+            if found:
+                return found.group(1)
+        return "unknown"
+
+
+class _Version(argparse.Action):
+    """``--version``: ``PROG VERSION`` on stdout, exit 0 (argparse's own takes the version string
+    when the parser is built; this one reads it only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
+def add_version_argument(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` (a plain argparse one; :class:`ArgumentParser` has it) ``--version``."""
+    parser.add_argument("--version", action=_Version, help="print the command's name and the package's version")
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, saying what to do when a value starts with ``-``: argparse takes it for an
-    option and stops with 'expected one argument', which reads as if the value were missing."""
+    """argparse with ``--version``, saying what to do when a value starts with ``-``: argparse takes
+    it for an option and stops with 'expected one argument', which reads as if the value were missing."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.add_help:  # not a parents=[...] parser (add_help=False): its options join another's
+            add_version_argument(self)
 
     def error(self, message):
         if re.search(r"expected (one|at least one) argument", message):

@@ -4,7 +4,7 @@
 #
 # Order matters on Python 3.11 (see docs/usage.md, "Install"):
 #   torch -> numpy + cython -> fairseq-fixed (no build isolation, no deps) -> fairseq's runtime
-#   deps by name -> tokenisers, scoring, plotting, the service's aiohttp (the serve extra) ->
+#   deps by name -> tokenisers, scoring, plotting, the service's aiohttp and prometheus-client (the serve extra) ->
 #   Triton -> this package (a regular install).
 # Into an environment that already has torch and fairseq, `pip install .` is enough instead
 # (docs/usage.md, "Into an existing environment").
@@ -32,7 +32,7 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 # Triton ships wheels for Linux only; elsewhere the fused rotation is simply unavailable.
 triton_wanted() { [[ "$(uname -s)" == Linux ]]; }
 complete_check() {
-    if triton_wanted; then "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools, aiohttp, triton"; else "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools, aiohttp"; fi
+    if triton_wanted; then "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools, aiohttp, prometheus_client, triton"; else "$PY" -c "import fairseq, fairseq_rope, fairseq_rope_tools, aiohttp, prometheus_client"; fi
 }
 
 # The stamp records the inputs of the last complete install (this script, pyproject.toml and
@@ -66,7 +66,7 @@ log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex "tqdm>=4.66" cffi scikit-learn \
     sentencepiece subword-nmt sacremoses matplotlib pytest pytest-xdist ruff "ctranslate2>=4.6.3,<5" \
-    "aiohttp>=3.9,<4"
+    "aiohttp>=3.9,<4" "prometheus-client>=0.17"
 
 # Triton runs the fused rotation: compiled on CUDA, and in the tests under its interpreter
 # (TRITON_INTERPRET=1) on CPU tensors, which also compiles it ahead of time for sm_80/sm_90.

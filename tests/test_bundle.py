@@ -27,17 +27,22 @@ def prepared_work_dir(root, threshold=7):
     return root
 
 
+def stand_in_bundle(out, segmentation):
+    """In the new directory ``out``: a single export's files (stand-ins: never loaded) and its
+    bundle with ``segmentation`` (None: a model-only export); the manifest."""
+    out.mkdir()
+    for name, text in (("model.bin", "weights"), ("config.json", "{}"), ("shared_vocabulary.json", '["<s>"]'),
+                       (exported.EXPORT_INFO, json.dumps({"sha256": "0" * 64, "max_source_positions": 16}))):
+        (out / name).write_text(text)
+    return exported.write_bundle(out, "en", "de", segmentation)
+
+
 @pytest.fixture
 def bundle(tmp_path):
     """A single export's files and its bundle, with the segmentation of a prepared work dir."""
     segmentation = work_dir.segmentation_of(prepared_work_dir(tmp_path / "work"), "en", "de", "subword_nmt")
     out = tmp_path / "export"
-    out.mkdir()
-    for name, text in (("model.bin", "weights"), ("config.json", "{}"), ("shared_vocabulary.json", '["<s>"]'),
-                       (exported.EXPORT_INFO, json.dumps({"sha256": "0" * 64, "max_source_positions": 16}))):
-        (out / name).write_text(text)
-    manifest = exported.write_bundle(out, "en", "de", segmentation)
-    return out, manifest, segmentation
+    return out, stand_in_bundle(out, segmentation), segmentation
 
 
 def test_the_manifest_records_the_languages_segmentation_and_every_file(bundle):

@@ -3,6 +3,7 @@ refused --model-overrides, and bad flags reported as one line when the arguments
 
 import argparse
 import errno
+import io
 import os
 import re
 import shutil
@@ -85,8 +86,8 @@ def test_kill_while_writing_checkpoint_last_then_resume_with_the_same_command(ti
 
 
 def saved_record(path):
-    model_cfg = torch.load(path, map_location="cpu")["cfg"]["model"]
-    return model_cfg.rope_trained_length, model_cfg.rope_trained_length_counts
+    model_cfg = torch.load(path, map_location="cpu")["cfg"]["model"]  # saved as a dict (checkpoint_namespaces)
+    return model_cfg["rope_trained_length"], model_cfg["rope_trained_length_counts"]
 
 
 @pytest.mark.e2e
@@ -339,3 +340,34 @@ def test_bad_flag_is_refused_by_the_argument_parser(arch, flags, message):
     parser = options.get_training_parser()
     with pytest.raises(OptionError, match=re.escape(message)):
         options.parse_args_and_arch(parser, ["data", "--arch", arch, "--task", "translation", *flags])
+
+
+def test_namespaces_are_saved_as_dicts_and_loaded_back_with_every_override():
+    """What Trainer.state_dict gives fairseq to save, and what the plugin's load makes of what
+    fairseq reads back (an omegaconf config, as fairseq's load_checkpoint_to_cpu creates it)."""
+    from omegaconf import OmegaConf
+
+    from fairseq_rope.checkpoint_namespaces import (
+        NAMESPACES,
+        NEEDS_THE_PLUGIN,
+        dicts_as_namespaces,
+        namespaces_as_dicts,
+    )
+
+    model = argparse.Namespace(arch="transformer_rope_tiny", rope_theta=10000.0, layers=(1, 2))
+    state = namespaces_as_dicts({"cfg": {"model": model, "task": {"data": "bin"}}, "model": {}}, lambda m: True)
+    assert state[NAMESPACES] == ["model"] and state["cfg"]["task"] == {"data": "bin"}
+    assert list(state["cfg"]["model"]) == [NEEDS_THE_PLUGIN, "arch", "rope_theta", "layers"]
+    assert vars(model) == {"arch": "transformer_rope_tiny", "rope_theta": 10000.0, "layers": (1, 2)}  # untouched
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)  # no Namespace left to allow-list
+    loaded["cfg"] = OmegaConf.create(loaded["cfg"], flags={"allow_objects": True})
+    OmegaConf.set_struct(loaded["cfg"], True)
+    back = dicts_as_namespaces(loaded, {"rope_scaling": "yarn", "rope_theta": 10000.0})["cfg"].model
+    assert isinstance(back, argparse.Namespace)
+    assert vars(back) == {"arch": "transformer_rope_tiny", "rope_theta": 10000.0, "layers": [1, 2],
+                          "rope_scaling": "yarn"}  # every override, as fairseq sets them on a Namespace
+    old = {"cfg": {"model": model}}  # a checkpoint saved before: left as it is
+    assert dicts_as_namespaces(old)["cfg"]["model"] is model

@@ -145,3 +145,22 @@ def test_bad_flag_from_the_command_line(tiny_data_bin, tmp_path):
                     *TRAIN_FLAGS], check=False)
     assert proc.returncode != 0
     assert "--rope-fraction 0.3" in proc.stderr and "even" in proc.stderr
+
+
+def test_without_the_plugin_fairseq_reads_the_checkpoint_far_enough_to_name_it(tiny_data_bin, tmp_path):
+    """A checkpoint of a plugin architecture, read by fairseq-generate without --user-dir: not
+    torch's UnpicklingError suggesting weights_only=False, but fairseq's own stop where it looks
+    the architecture up, quoting what to pass; with --user-dir it decodes as any checkpoint."""
+    from fairseq_rope.checkpoint_namespaces import NEEDS_THE_PLUGIN
+
+    data_bin = tiny_data_bin / "data-bin"
+    flags = [flag for flag in TRAIN_FLAGS[:TRAIN_FLAGS.index("--eval-bleu")]] + ["--num-workers", "0"]
+    run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", "--save-dir", tmp_path, "--max-update", "2",
+             *flags])
+    generate = ["fairseq-generate", data_bin, "--cpu", "--path", tmp_path / "checkpoint_last.pt", "--beam", "1",
+                "--batch-size", "16", "--gen-subset", "test"]
+    refused = run_cli(generate, check=False)
+    assert refused.returncode != 0 and NEEDS_THE_PLUGIN in refused.stderr, refused.stderr[-3000:]
+    assert "weights_only" not in refused.stderr and "Unpickling" not in refused.stderr
+    decoded = run_cli(generate + ["--user-dir", "fairseq_rope"])
+    assert sum(line.startswith("H-") for line in decoded.stdout.splitlines()) == count_test_sentences(data_bin)

@@ -988,8 +988,8 @@ def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     assert "'concat_from_epoch': 1" in train_log  # train.sh passes CONCAT_FROM_EPOCH (default 1) to the task
     assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in train_log
     cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
-    assert cfg["task"]["_name"] == "translation_concat" and cfg["model"].rope_random_positions == 3.0
-    assert cfg["model"].rope_trained_length > 7  # pairs of at most 6 words (+ EOS) were joined
+    assert cfg["task"]["_name"] == "translation_concat" and cfg["model"]["rope_random_positions"] == 3.0
+    assert cfg["model"]["rope_trained_length"] > 7  # pairs of at most 6 words (+ EOS) were joined
     run = json.loads((out / "results.json").read_text())["results"][variant][0]
     assert set(run["decodes"][""]["oracle"]) == {"test x2"}
     table = (out / "results.md").read_text()

@@ -149,7 +149,7 @@ def test_stock_fairseq_train_trains_on_joined_pairs_and_records_their_length(tin
     assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in log
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["task"]["_name"] == "translation_concat"
-    assert state["cfg"]["model"].rope_trained_length > 11
+    assert state["cfg"]["model"]["rope_trained_length"] > 11
 
     task = tasks.setup_task(OmegaConf.create({**state["cfg"]["task"], "data": str(data_bin)}))
     task.load_dataset("train")

@@ -125,7 +125,7 @@ def test_force_replaces_an_empty_directory_or_an_earlier_export(capsys, work, tm
 
     model_cfg = torch.load(checkpoint, map_location="cpu", weights_only=False)["cfg"]["model"]
     assert (info["max_source_positions"], info["max_target_positions"]) == (
-        model_cfg.max_source_positions, model_cfg.max_target_positions) and info["max_source_positions"] > 0
+        model_cfg["max_source_positions"], model_cfg["max_target_positions"]) and info["max_source_positions"] > 0
     assert {"checkpoint", "size", "sha256", "data_bin", "quantization", "arch", "overrides"} <= info.keys()
     first = (output_dir / "model.bin").stat().st_ino
     status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--force", "--quantization", "int8")

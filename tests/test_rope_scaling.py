@@ -123,21 +123,21 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
 
     # training recorded L, from the lengths of its sources and targets (2 to 10 words and EOS): no flag needed
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    assert 3 <= state["cfg"]["model"].rope_trained_length <= 11
-    assert sum(state["cfg"]["model"].rope_trained_length_counts) > 0
+    assert 3 <= state["cfg"]["model"]["rope_trained_length"] <= 11
+    assert sum(state["cfg"]["model"]["rope_trained_length_counts"]) > 0
     assert len(generate("{'rope_scaling': 'dynamic-yarn'}")) == n_test
     assert len(generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 2.0}")) == n_test
     # an explicit L wins; above every test length, dynamic scaling is plain RoPE
     assert generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 64}") == plain
     # L is the length 99 % of the recorded sequences do not exceed, not the longest
-    state["cfg"]["model"].rope_trained_length = 11
-    state["cfg"]["model"].rope_trained_length_counts = [0] * 5 + [99] + [0] * 5 + [1]
+    state["cfg"]["model"]["rope_trained_length"] = 11
+    state["cfg"]["model"]["rope_trained_length_counts"] = [0] * 5 + [99] + [0] * 5 + [1]
     torch.save(state, save / "skewed.pt")
     skewed = generate("{'rope_scaling': 'dynamic-yarn'}", "skewed.pt")
     assert skewed == generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 5}")
     assert skewed != generate("{'rope_scaling': 'dynamic-yarn', 'rope_scaling_original_length': 11}")
-    del state["cfg"]["model"].rope_trained_length  # a checkpoint saved before L was recorded
-    del state["cfg"]["model"].rope_trained_length_counts
+    del state["cfg"]["model"]["rope_trained_length"]  # a checkpoint saved before L was recorded
+    del state["cfg"]["model"]["rope_trained_length_counts"]
     torch.save(state, save / "old.pt")
     bad = run_cli(args=["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "old.pt",
                         "--model-overrides", "{'rope_scaling': 'dynamic-ntk'}"], check=False)

@@ -217,7 +217,7 @@ def test_a_bad_request_is_a_4xx_with_a_one_line_json_error_and_the_server_goes_o
 
 def test_unknown_paths_and_methods_are_json_errors(server):
     assert server.get("/nope")[::2] == (404, {"error": "GET /nope: Not Found: the routes are GET /health, "
-                                                       "GET /ready and POST /translate"})
+                                                       "GET /ready, GET /metrics and POST /translate"})
     assert server.get("/translate")[::2] == (405, {"error": "GET /translate: Method Not Allowed"})
 
 

@@ -258,7 +258,8 @@ def server_args():
 def http(port, method, path, payload=None):
     """(status, headers, JSON answer) from a real HTTP client."""
     data = json.dumps(payload).encode() if payload is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data is not None else {})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, dict(response.headers), json.loads(response.read())

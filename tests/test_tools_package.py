@@ -25,7 +25,10 @@ TORCH_FREE = (
     "fairseq_rope_tools.deploy.length_buckets", "fairseq_rope_tools.deploy.output",
     "fairseq_rope_tools.deploy.segmentation", "fairseq_rope_tools.deploy.work_dir", "fairseq_rope_tools.deploy.exported",
     "fairseq_rope_tools.deploy.pretrained_layout", "fairseq_rope_tools.deploy.serve",
-    "fairseq_rope_tools.deploy.request_batcher", "fairseq_rope_tools.research.benchmark_serve",
+    "fairseq_rope_tools.deploy.request_batcher", "fairseq_rope_tools.deploy.translation_service",
+    "fairseq_rope_tools.deploy.service_requests", "fairseq_rope_tools.deploy.service_connections",
+    "fairseq_rope_tools.deploy.service_metrics", "fairseq_rope_tools.deploy.bundle_files",
+    "fairseq_rope_tools.research.benchmark_serve",
     "fairseq_rope_tools.data.text_tools",
     "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
     "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.research.compare_data",
@@ -45,6 +48,14 @@ def test_every_command_is_installed_and_prints_its_help():
     for command in COMMANDS:
         proc = subprocess.run([str(BIN / command), "--help"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "usage:" in proc.stdout, (command, proc.stderr[-2000:])
+
+
+@pytest.mark.e2e
+def test_every_command_prints_its_version():
+    version = PYPROJECT["project"]["version"]
+    for command in COMMANDS:
+        proc = subprocess.run([str(BIN / command), "--version"], capture_output=True, text=True, timeout=120)
+        assert (proc.returncode, proc.stdout) == (0, f"{command} {version}\n"), (command, proc.stderr[-2000:])
 
 
 @pytest.mark.parametrize("module", TORCH_FREE)

@@ -228,7 +228,7 @@ def test_setup_errors_name_the_flag_or_file(model, evaluated, tmp_path):
         ([text, "--work-dir", work], "give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT"),
         ([text, "--work-dir", tmp_path / "nowhere", "--model-dir", ct2], f"--work-dir {tmp_path / 'nowhere'} is not a directory"),
         ([text, "--model-dir", model_only], "--work-dir is needed to tokenize and BPE raw text"),
-        ([text, "--work-dir", work, "--model-dir", tmp_path], f"--model-dir {tmp_path} is not a CTranslate2 model directory"),
+        ([text, "--work-dir", work, "--model-dir", tmp_path], f"--model-dir {tmp_path}: not a fairseq-rope-export bundle (no bundle.json)"),
         ([text, "--work-dir", work, "--engine", "fairseq", "--checkpoint", tmp_path / "no.pt"],
          f"--checkpoint {tmp_path / 'no.pt'} is not a file"),
         ([text, "--work-dir", partial, "--model-dir", ct2], f"no {partial / 'bpe' / 'vocab.en'} (subword-nmt BPE)"),

@@ -6,9 +6,11 @@ symlinked output stays a symlink. One RoPE model (max_source_positions 16) train
 update on the reversal corpus is enough: these tests need it to load and decode, not to translate
 well."""
 
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,17 +72,24 @@ def _source(tmp_path, tokens, name="in.en"):
 
 def _copy_ct2(ct2, tmp_path, **info_changes):
     """A copy of the export; with export_info.json changed (a value None removes the key), as an
-    export of an older version, without a bundle manifest (which would refuse the change)."""
+    export of an older version wrote it, and the bundle manifest's sha256 of it to match."""
     copy = tmp_path / "ct2"
     shutil.copytree(ct2, copy)
     if not info_changes:
         return copy
-    (copy / "bundle.json").unlink()
     info = json.loads((copy / "export_info.json").read_text())
     info.update(info_changes)
     info = {key: value for key, value in info.items() if value is not None}
     (copy / "export_info.json").write_text(json.dumps(info))
+    _rehash(copy, "export_info.json")
     return copy
+
+
+def _rehash(export, name):
+    """The bundle manifest of ``export`` made to record the sha256 of its file ``name`` as it is now."""
+    manifest = json.loads((export / "bundle.json").read_text())
+    manifest["files"][name] = hashlib.sha256((export / name).read_bytes()).hexdigest()
+    (export / "bundle.json").write_text(json.dumps(manifest))
 
 
 # --- case 6: the CTranslate2 engine has the fairseq engine's input-length limit -------------------
@@ -117,6 +126,7 @@ def test_an_export_without_a_recorded_limit_warns_or_takes_the_flag(tiny, tmp_pa
     # a limit in config.json is taken too
     config = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps(dict(config, max_source_positions=MAX_SOURCE)))
+    _rehash(old, "config.json")
     _refused(capsys, f"the model takes at most {MAX_SOURCE - 1}", too_long, *_bpe_args(data_bin, "--model-dir", old),
              status=1)
 
@@ -151,7 +161,7 @@ def test_unreadable_model_and_bpe_files_are_refused_by_name(tiny, tmp_path, caps
     (corrupt / "model.bin").write_bytes((ct2 / "model.bin").read_bytes()[:5000])
     _refused(capsys, f"--model-dir {corrupt}: the bundle does not match its manifest: model.bin is not the file",
              text, *_bpe_args(data_bin, "--model-dir", corrupt))  # the bundle's manifest sees it first
-    (corrupt / "bundle.json").unlink()  # as an export of an older version
+    _rehash(corrupt, "model.bin")  # as if it were truncated before the export wrote its manifest
     _refused(capsys, f"--model-dir {corrupt}: CTranslate2 cannot load {corrupt / 'model.bin'}",
              text, *_bpe_args(data_bin, "--model-dir", corrupt))
     for name, data in (("garbage.pt", bytes(range(256)) * 8), ("empty.pt", b""),
@@ -287,7 +297,9 @@ def test_an_output_inside_the_model_dir_is_refused_before_decoding(tiny, tmp_pat
 
 # --- issue 34, case 7: standard output closed --------------------------------------------------------
 def test_a_closed_stdout_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
-    (tmp_path / "ct2").mkdir()
+    from test_bundle import stand_in_bundle
+
+    stand_in_bundle(tmp_path / "ct2", None)  # never loaded
     text = _source(tmp_path, 3)
     monkeypatch.setattr(ctranslate2_engine, "CTranslate2Engine", lambda *a: pytest.fail("a model was loaded"))
     monkeypatch.setattr(sys, "stdout", None)  # what Python makes of a closed stdout (>&-)
@@ -546,3 +558,106 @@ def test_a_line_is_answered_while_stdin_stays_open(tiny, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- issue 45: no line lost before a refused one; a line's bytes capped; Ctrl-C one line -------------
+@pytest.mark.e2e
+@pytest.mark.parametrize("words, says", [(1000, "line 3 has 1000 BPE tokens; the model takes at most 15"),
+                                         (10_000, "line 3 is 29999 bytes long, more than the model's 15 BPE tokens")],
+                         ids=["segmented", "over the byte cap"])
+def test_the_lines_before_a_refused_one_are_translated_and_written(tiny, tmp_path, capsys, words, says):
+    """Under --too-long refuse, from a file (-o) and from a pipe (standard output): the lines before
+    the refused one are translated and written, then one line names it, status 1."""
+    data_bin, _, ct2, _ = tiny
+    good = [["w1", "w2", "w3"], ["w4", "w5"]]
+    (tmp_path / "good.en").write_text(_lines_of(good))
+    assert translate_in_process(capsys, tmp_path / "good.en", "-o", tmp_path / "good.de",
+                                *_bpe_args(data_bin, "--model-dir", ct2)) == (0, [])
+    expected = (tmp_path / "good.de").read_text().splitlines()
+    long = [f"w{i % 10}" for i in range(words)]
+    (tmp_path / "in.en").write_text(_lines_of(good + [long, ["w6"]]))
+    line = _refused(capsys, f"{tmp_path / 'in.en'}: {says}", tmp_path / "in.en", "-o", tmp_path / "out.de",
+                    *_bpe_args(data_bin, "--model-dir", ct2), status=1)
+    assert line.endswith(f"(the 2 lines before it: translated to --output {tmp_path / 'out.de'})"), line
+    assert (tmp_path / "out.de").read_text().splitlines() == expected
+
+    cmd, env = cli_command(["fairseq-rope-translate", "--threads", "1", "--quiet",
+                            *_bpe_args(data_bin, "--model-dir", ct2)], None)
+    done = subprocess.run(cmd, input=(tmp_path / "in.en").read_bytes(), capture_output=True, env=env, timeout=120)
+    said = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and len(said) == 1 and says in said[0], said
+    assert said[0].endswith("(the 2 lines before it: translated to standard output)")
+    assert done.stdout.decode().splitlines() == expected
+
+
+def test_a_line_is_read_only_up_to_its_cap(tmp_path):
+    """A 30 MB line without an end is never held: the reader's memory stays within a few of its
+    caps, and the line comes as its first bytes with its length."""
+    import tracemalloc
+
+    from fairseq_rope_tools.text_lines import LineReader, OverlongLine
+
+    path = tmp_path / "endless.en"
+    with open(path, "wb") as f:
+        f.write("short é\n".encode())
+        for _ in range(30):
+            f.write(("wörd " * 200_000).encode())  # 1.2 MB
+        f.write(b"\nlast\n")
+    tracemalloc.start()
+    try:
+        lines = list(LineReader(path, max_bytes=1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines[0] == "short é" and lines[2] == "last" and not isinstance(lines[0], OverlongLine)
+    assert isinstance(lines[1], OverlongLine) and lines[1].length == 30 * 6 * 200_000
+    assert len(lines[1].encode()) <= 1000 and lines[1].startswith("wörd wörd")
+    assert peak < 1_000_000, peak
+
+
+@pytest.mark.e2e
+def test_an_endless_line_from_a_pipe_costs_no_memory(tiny, tmp_path):
+    """60 MB of one line, piped under --too-long skip: an empty translation for it, the next line
+    translated, and the process' peak memory far below the line's size (it was a 5.4 GB spike for
+    100 MB, and an OOM kill for an endless one)."""
+    data_bin, _, ct2, _ = tiny
+    cmd, env = cli_command(["fairseq-rope-translate", "--threads", "1", "--quiet", "--too-long", "skip",
+                            *_bpe_args(data_bin, "--model-dir", ct2)], None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        chunk = b"w1 w2 w3 " * 100_000  # 0.9 MB
+        for _ in range(67):
+            proc.stdin.write(chunk)
+        proc.stdin.write(b"\nw4 w5\n")
+        proc.stdin.flush()
+        with open(f"/proc/{proc.pid}/status") as f:
+            peak_kib = int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().split("\n")[0] == "" and out.decode().split("\n")[1] != ""
+    assert "1 line longer than the model takes" in err.decode()
+    assert peak_kib < 40_000 + 400_000, f"peak resident memory {peak_kib} KiB"
+
+
+@pytest.mark.e2e
+def test_ctrl_c_is_one_line_and_status_130(tiny, tmp_path):
+    data_bin, _, ct2, _ = tiny
+    cmd, env = cli_command(["fairseq-rope-translate", "--threads", "1", "--quiet",
+                            *_bpe_args(data_bin, "--model-dir", ct2)], None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            bufsize=0, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        proc.stdin.write(b"w1 w2\n")
+        assert _read_line(proc.stdout, timeout=60).strip()  # it is reading its input
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert err.decode().splitlines() == ["fairseq-rope-translate: interrupted (Ctrl-C)"]

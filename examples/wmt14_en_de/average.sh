@@ -42,7 +42,7 @@ fi
 
 # the pretrained layout: cheap, and skipped by the tool itself when it holds the same files
 if [[ -f "$WORK_DIR/bpe/.done" && -d "$DATA_BIN" ]]; then
-    python -m fairseq_rope_tools.deploy.pretrained_layout --checkpoint "$OUTPUT" --work-dir "$WORK_DIR" \
+    fairseq-rope-pretrained-layout --checkpoint "$OUTPUT" --work-dir "$WORK_DIR" \
         --data-bin "$DATA_BIN" --output-dir "$PRETRAINED_DIR"
 else
     log "no pretrained layout beside $OUTPUT: $WORK_DIR is not a directory prepare.sh wrote (no bpe/.done or data-bin/); set WORK_DIR to the model's"

@@ -29,7 +29,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from fairseq_rope_files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.cli import UserError, add_version_argument, command
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -127,6 +127,7 @@ def outputs_problem(args):
 def run(argv=None) -> dict:
     """The command line's scores, as written by --out-json."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_version_argument(p)
     p.add_argument("--hyp", required=True, help="hypotheses, Moses-tokenized, one per line, in test-set order")
     p.add_argument("--ref", required=True, help="reference, Moses-tokenized the same way")
     p.add_argument("--raw-ref", help="untokenized reference for sacreBLEU (omit to skip sacreBLEU)")

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_atomically, write_lines_atomically
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import UserError, command, sayer
+from fairseq_rope_tools.cli import UserError, add_version_argument, command, sayer
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
@@ -380,6 +380,7 @@ def cmd_idx_count(args):
 @command(label=f"[{PREFIX}]")
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_version_argument(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     reader = argparse.ArgumentParser(add_help=False)
     reader.add_argument("--replace-invalid-utf8", action="store_true",

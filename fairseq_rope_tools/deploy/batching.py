@@ -12,8 +12,16 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError, progress_sayer
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, decode
+from fairseq_rope_tools.text_lines import OverlongLine
 
 TOO_LONG_POLICIES = ("refuse", "skip", "truncate")
+
+
+#: the most characters one source token of a model is taken to hold: a BPE token (subword-nmt or
+#: sentencepiece) is a vocabulary entry, and no vocabulary has entries this long. Text with more
+#: (non-space) characters per position than this cannot fit, and is refused without segmenting it:
+#: BPE over one long word takes seconds.
+MAX_CHARACTERS_PER_TOKEN = 64
 
 
 def fits(tokens: List[str], limit: Optional[int]) -> bool:
@@ -41,9 +49,27 @@ class LengthLimit:
             raise UserError(f"{self.path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
                             f"{self.limit - 1}: split the line, raise the limit with --max-source-positions, or "
                             "pass --too-long skip or truncate", status=1)
+        self._count(number)
+        return None if self.policy == "skip" else tokens[:self.limit - 1]
+
+    def apply_overlong(self, number: int, line: OverlongLine, segment) -> Optional[List[str]]:
+        """:meth:`apply` for a line over :func:`line_byte_cap` bytes, of which ``line`` holds the
+        first: refused or skipped unread, or truncated to the first tokens of those bytes
+        (``segment``: raw text -> tokens; the last word, perhaps cut, left out)."""
+        if self.policy == "refuse":
+            raise UserError(f"{self.path}: line {number} is {line.length} bytes long, more than the model's "
+                            f"{self.limit - 1} BPE tokens can hold: split the line, or pass --too-long skip or "
+                            "truncate", status=1)
+        self._count(number)
+        if self.policy == "skip":
+            return None
+        words = line.split()  # each at least one token: the first limit - 1 are enough
+        kept = words[:self.limit - 1] if len(words) >= self.limit else words[:-1] or words
+        return segment(" ".join(kept))[:self.limit - 1]
+
+    def _count(self, number: int) -> None:
         self.lines += 1
         self.first = self.first or number
-        return None if self.policy == "skip" else tokens[:self.limit - 1]
 
     def report(self) -> Optional[str]:
         """One line on the lines skipped or truncated, or None when there were none."""
@@ -56,6 +82,22 @@ class LengthLimit:
 
     def stats(self) -> dict:
         return {"policy": self.policy, "limit": self.limit, "lines": self.lines, "first_line": self.first}
+
+
+def certainly_too_long(text: str, limit: Optional[int]) -> bool:
+    """Whether ``text`` cannot fit in ``limit`` positions whatever its segmentation: more
+    whitespace-separated words than positions (each word is one token at least) or more characters
+    than its positions hold (:data:`MAX_CHARACTERS_PER_TOKEN`). Cheap: no tokeniser, no BPE."""
+    if limit is None:
+        return False
+    words = text.split()
+    return len(words) + 1 > limit or sum(map(len, words)) > (limit - 1) * MAX_CHARACTERS_PER_TOKEN
+
+
+def line_byte_cap(limit: Optional[int]) -> Optional[int]:
+    """The bytes of a line (UTF-8: at most 4 a character, and a space between tokens) beyond which
+    it cannot fit in ``limit`` positions, read no further (None: no limit is known)."""
+    return None if limit is None else (limit - 1) * (4 * MAX_CHARACTERS_PER_TOKEN + 1)
 
 
 def translate_sorted(engine: Engine, sources: List[Optional[List[str]]], batch_size: int,

@@ -75,7 +75,7 @@ from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope.training_lengths import training_length
 from fairseq_rope_files import outputs_over_inputs_problem, replace_directory
-from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.cli import UserError, add_version_argument, command
 from fairseq_rope_tools.deploy.ctranslate2_scaling import (
     ExportedScaling,
     ctranslate2_rotary_scaling,
@@ -547,6 +547,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 def main(argv=None):
     p = argparse.ArgumentParser(prog="fairseq-rope-export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_argument(p)
     p.add_argument("--checkpoint", required=True, help="fairseq checkpoint (.pt), e.g. an average of the last 5")
     p.add_argument("--data-bin", required=True, help="the fairseq data-bin the model was trained on (dictionaries)")
     p.add_argument("--work-dir",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_rope_tools.data.text_tools import fingerprint
+from fairseq_rope_tools.deploy.bundle_files import files_inside, is_directory_name, outside, read_record
 from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, MOSES_RECIPE, Segmentation
 
 EXPORT_INFO = "export_info.json"
@@ -43,12 +44,9 @@ BUNDLE_SEGMENTATION_FILES = {"codes": "bpe.codes", "vocabulary": "bpe.vocab", "m
 
 
 def read_json_object(path) -> dict:
-    """The JSON object in ``path``; ValueError (or OSError) if it is not one."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a JSON object")
-    return data
+    """The JSON object in ``path``, a record of a few KB (:func:`~.bundle_files.read_record`);
+    ValueError naming ``path`` (or OSError) if it is not one."""
+    return read_record(path)
 
 
 def read_export_info(model_dir) -> dict:
@@ -81,11 +79,15 @@ def read_bucket_manifest(directory) -> dict:
     path = os.path.join(directory, LENGTH_BUCKETS)
     manifest = read_json_object(path)
     buckets = manifest.get("buckets")
+    for bucket in buckets if isinstance(buckets, list) else ():
+        name = bucket.get("directory") if isinstance(bucket, dict) else None
+        if isinstance(name, str) and not is_directory_name(name):
+            raise ValueError(f"{path} lists the bucket directory {name!r}, which is not a directory name inside "
+                             "the export")
     if not (isinstance(buckets, list) and buckets and isinstance(manifest.get("training_length"), int)
             and manifest["training_length"] > 0
             and all(isinstance(b, dict) and isinstance(b.get("factor"), (int, float))
-                    and isinstance(b.get("directory"), str) and b["directory"] not in ("", ".", "..")
-                    and "/" not in b["directory"] and os.sep not in b["directory"] for b in buckets)
+                    and is_directory_name(b.get("directory")) for b in buckets)
             and buckets[0]["factor"] == 1.0
             and all(a["factor"] < b["factor"] for a, b in zip(buckets, buckets[1:]))):
         raise ValueError(f"{path} is not a length-bucket manifest written by fairseq-rope-export")
@@ -215,10 +217,9 @@ def segmentation_record(segmentation: Segmentation) -> dict:
 
 
 def bundled_files(directory) -> List[str]:
-    """The relative paths of every file under ``directory`` but its bundle.json, sorted."""
-    root = Path(directory)
-    return sorted(name for name in (path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
-                  if name != BUNDLE)
+    """The relative paths of every file under ``directory`` but its bundle.json, sorted; ValueError
+    naming a symbolic link or a special file (:func:`~.bundle_files.files_inside`)."""
+    return [name for name in files_inside(directory) if name != BUNDLE]
 
 
 def file_digests(directory) -> Dict[str, str]:
@@ -255,8 +256,11 @@ def read_bundle(directory) -> Optional[dict]:
         raise ValueError(f"{path} is a bundle of version {manifest.get('version')!r}; this fairseq-rope-translate "
                          f"reads version {BUNDLE_VERSION}: install the version that exported it")
     files, record = manifest.get("files"), manifest.get("segmentation")
+    for name in files if isinstance(files, dict) else ():
+        if outside(name):  # never opened (only listed files that are there are), but no export writes one
+            raise ValueError(f"{path} lists {name!r}, a path outside the bundle (absolute, or with ..)")
     well_formed = (
-        isinstance(files, dict) and all(isinstance(v, str) and _inside(k) for k, v in files.items())
+        isinstance(files, dict) and all(isinstance(v, str) for v in files.values())
         and all(isinstance(manifest.get(key), str) for key in ("source_language", "target_language"))
         and (record is None or (isinstance(record, dict) and record.get("bpe") in BPE_TYPES
                                 and all(record.get(role) in files for role in _roles(record["bpe"])))))
@@ -269,11 +273,6 @@ def read_bundle(directory) -> Optional[dict]:
 
 def _roles(bpe_type):
     return ("codes", "vocabulary") if bpe_type == "subword_nmt" else ("model",)
-
-
-def _inside(name) -> bool:
-    """A relative path that stays inside the bundle."""
-    return isinstance(name, str) and bool(name) and not os.path.isabs(name) and ".." not in Path(name).parts
 
 
 def bundle_problem(directory, manifest: dict) -> Optional[str]:
@@ -294,9 +293,15 @@ def bundle_problem(directory, manifest: dict) -> Optional[str]:
 def verified_bundle(directory) -> Optional[dict]:
     """:func:`read_bundle`, its buckets checked against their manifest (:func:`verified_bucket_manifest`,
     which names the bucket) and every file against its sha256; ValueError naming the first
-    difference. None for an export without bundle.json."""
+    difference, or a symbolic link or special file inside it. Nothing is loaded unverified: a
+    directory without bundle.json is refused, but for a --length-buckets export of a version
+    before bundles, verified by its own manifest (then None)."""
+    files_inside(directory)  # before any file of it is opened: none may lead outside it
     manifest = read_bundle(directory)
     if manifest is None:
+        if not is_bucket_export(directory):
+            raise ValueError(f"not a fairseq-rope-export bundle (no {BUNDLE})")
+        verified_bucket_manifest(directory)
         return None
     if is_bucket_export(directory):
         verified_bucket_manifest(directory)

@@ -3,7 +3,7 @@
 fairseq's hub interface (``TransformerModel.from_pretrained``) and ``fairseq-interactive``
 translate raw text, tokenized and BPE'd as the recipe prepared the training data.
 
-    python -m fairseq_rope_tools.deploy.pretrained_layout --work-dir work/wmt14_en_de \\
+    fairseq-rope-pretrained-layout --work-dir work/wmt14_en_de \\
         --checkpoint work/wmt14_en_de/checkpoints/transformer_rope_wmt_en_de/checkpoint.avg5.pt
     # -> .../transformer_rope_wmt_en_de/pretrained_checkpoint.avg5/
 
@@ -44,7 +44,7 @@ from fairseq_rope_tools.deploy.work_dir import (
 )
 
 say = sayer("pretrained")
-TOOL = "python -m fairseq_rope_tools.deploy.pretrained_layout"
+TOOL = "fairseq-rope-pretrained-layout"  # also python -m fairseq_rope_tools.deploy.pretrained_layout
 CHECKPOINT_LINK = "model.pt"
 # the names fairseq's hub_utils.from_pretrained looks for in a model directory
 SUBWORD_NMT_CODES = "bpecodes"

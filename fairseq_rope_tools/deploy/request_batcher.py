@@ -15,8 +15,9 @@ Standard library and the deploy seam only: asyncio, no web framework.
 
 import asyncio
 import collections
+import contextlib
 from dataclasses import dataclass
-from typing import Deque, List
+from typing import Callable, Deque, List, Optional
 
 from fairseq_rope_tools.deploy.batching import translate_sorted
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
@@ -29,6 +30,13 @@ class QueueFull(Exception):
     def __init__(self, waiting: int, limit: int):
         super().__init__(f"{waiting} sentences are waiting; the queue holds at most {limit}")
         self.waiting, self.limit = waiting, limit
+
+
+@dataclass
+class Place:
+    """Sentences counted in a queue before they join it (:meth:`RequestBatcher.place`)."""
+
+    sentences: int
 
 
 @dataclass
@@ -45,25 +53,53 @@ class RequestBatcher:
     ``max_queue`` sentences waiting; decodes in ``executor``. :meth:`run` is the task that forms
     and decodes the batches."""
 
-    def __init__(self, engine: Engine, max_batch: int, max_wait: float, max_queue: int, executor):
-        self.engine, self.executor = engine, executor
+    def __init__(self, engine: Engine, max_batch: int, max_wait: float, max_queue: int, executor,
+                 on_batch: Optional[Callable[[int, float], None]] = None):
+        self.engine, self.executor, self.on_batch = engine, executor, on_batch
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait, max_queue
         self.pending: Deque[_Request] = collections.deque()
-        self.waiting = 0                  # sentences queued, not yet in a batch
+        self.waiting = 0                  # sentences queued or with a place kept, not yet in a batch
         self.batches = self.sentences = 0  # decoded so far
         self._arrived = None              # an asyncio.Event, made by run() in its loop
 
-    async def translate(self, sources: List[List[str]], decoding: Decoding) -> List[List[Hypothesis]]:
-        """The hypotheses of ``sources`` (an empty one gets none), decoded with ``decoding``, in
-        order; raises :class:`QueueFull` at once when the queue cannot take them."""
-        if self.waiting + len(sources) > self.max_queue:
+    @contextlib.contextmanager
+    def place(self, sentences: int):
+        """A place in the queue for ``sentences`` sentences, kept while the request is read and
+        segmented (so that a full queue refuses it before that work): raises :class:`QueueFull` at
+        once when the queue cannot take them; given back when the block ends without
+        :meth:`translate` having taken it (a refusal, a client gone)."""
+        if self.waiting + sentences > self.max_queue:
             raise QueueFull(self.waiting, self.max_queue)
+        self.waiting += sentences
+        kept = Place(sentences)
+        try:
+            yield kept
+        finally:
+            self.waiting -= kept.sentences
+
+    async def translate(self, sources: List[List[str]], decoding: Decoding,
+                        place: Optional[Place] = None) -> List[List[Hypothesis]]:
+        """The hypotheses of ``sources`` (an empty one gets none), decoded with ``decoding``, in
+        order; raises :class:`QueueFull` at once when the queue cannot take them, unless they
+        have a ``place`` (:meth:`place`) already."""
+        if place is None:
+            if self.waiting + len(sources) > self.max_queue:
+                raise QueueFull(self.waiting, self.max_queue)
+            self.waiting += len(sources)
+        else:
+            assert place.sentences == len(sources)
+            place.sentences = 0  # the queue holds them now: counted until they leave in a batch
         loop = asyncio.get_running_loop()
         request = _Request(sources, decoding, loop.create_future(), loop.time())
         self.pending.append(request)
-        self.waiting += len(sources)
         self._arrived.set()
-        return await request.future
+        try:
+            return await request.future
+        except asyncio.CancelledError:  # its client went away: if it still waits, it leaves the queue now
+            if any(r is request for r in self.pending):
+                self.pending = collections.deque(r for r in self.pending if r is not request)
+                self.waiting -= len(sources)
+            raise
 
     async def run(self) -> None:
         """Form and decode batches, one at a time, until cancelled; a batch whose decoding fails
@@ -77,8 +113,8 @@ class RequestBatcher:
                 continue
             sources = [source for request in batch for source in request.sources]
             try:
-                results, _ = await loop.run_in_executor(self.executor, translate_sorted, self.engine, sources,
-                                                        self.max_batch, False, batch[0].decoding)
+                results, seconds = await loop.run_in_executor(self.executor, translate_sorted, self.engine, sources,
+                                                              self.max_batch, False, batch[0].decoding)
             except Exception as error:  # noqa: BLE001 - the requests' answer: the server goes on
                 for request in batch:
                     if not request.future.done():
@@ -86,6 +122,8 @@ class RequestBatcher:
                 continue
             self.batches += 1
             self.sentences += len(sources)
+            if self.on_batch is not None:
+                self.on_batch(len(sources), seconds)
             start = 0
             for request in batch:
                 if not request.future.done():  # its client may have gone
@@ -99,8 +137,6 @@ class RequestBatcher:
         """Until a batch can leave: the queue holds ``max_batch`` sentences of the oldest request's
         setting, or ``max_wait`` has passed since that request came."""
         while True:
-            while self.pending and self.pending[0].future.done():  # cancelled while waiting
-                self.waiting -= len(self.pending.popleft().sources)
             self._arrived.clear()
             if not self.pending:
                 await self._arrived.wait()
@@ -122,9 +158,7 @@ class RequestBatcher:
         count = 0
         decoding = self.pending[0].decoding
         for request in self.pending:
-            if request.future.done():  # cancelled while waiting
-                self.waiting -= len(request.sources)
-            elif request.decoding == decoding and (not taken or count + len(request.sources) <= self.max_batch):
+            if request.decoding == decoding and (not taken or count + len(request.sources) <= self.max_batch):
                 taken.append(request)
                 count += len(request.sources)
                 self.waiting -= len(request.sources)

@@ -2,8 +2,8 @@
 """A translation service over a bundle: an HTTP JSON API that translates as fairseq-rope-translate.
 
     fairseq-rope-serve --model-dir ct2/wmt14_en_de [--host 127.0.0.1] [--port 8080]
-    curl -s localhost:8080/translate -d '{"text": ["Hello world.", "How are you?"]}'
-    {"translations": ["Hallo Welt.", "Wie geht es dir?"]}
+    curl -s localhost:8080/translate -H 'Content-Type: application/json' -d '{"text": ["Hello world."]}'
+    {"translations": ["Hallo Welt."]}
 
 ``POST /translate`` takes ``{"text": ["raw sentence", ...]}`` and optionally ``"beam_size"`` (the
 flags' --beam unless given; at most --max-beam), ``"nbest"`` (1; at most the beam size) and
@@ -19,44 +19,50 @@ the queue's counters.
 Concurrent requests are translated together: their sentences wait in a queue and leave in
 batches of at most --max-batch-size sentences, at most --max-batch-wait seconds after the oldest
 came (fairseq_rope_tools/deploy/request_batcher.py). A request the server cannot take is answered
-at once with a 4xx and a one-line JSON ``{"error": "..."}`` naming the problem -- a body that is
-not UTF-8 or not JSON, a field of the wrong type, an unknown field, a line break inside a
-sentence, more than --max-lines sentences, a sentence longer than the model takes, a body over
---max-body-bytes -- and one that would overfill the queue (--max-queue sentences waiting) with
-503 and Retry-After; the server goes on serving.
+at once with a 4xx (503 and Retry-After for a full queue, decided before any text is segmented)
+and a one-line JSON ``{"error": "..."}`` naming the problem (docs/deploy.md lists them); the
+server goes on serving. Segmentation and detokenisation run in a thread of their own, decoding in
+another: the event loop only reads and answers. --max-connections, --head-timeout, --body-timeout
+and --keepalive-timeout bound what a client holds; a client that goes away is logged as such, and
+its sentences leave the queue. ``GET /metrics``: Prometheus' text format (service_metrics.py).
 
 SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight (at most
 --shutdown-timeout seconds), then exits 0; a second one stops at once, and the server exits 1
 naming the requests left unanswered. Each request gets one access line on stderr: client,
-method, path, status, sentences and milliseconds (an internal error adds its traceback).
+method, path (as sent, control characters escaped), status, sentences and milliseconds (an
+internal error adds its traceback).
 
-Needs aiohttp: ``pip install 'fairseq-rope[serve]'`` (make setup installs it). CTranslate2 on
-cpu or cuda, single exports and length buckets (every bucket kept loaded); the flags that choose
-the model and its beam search are fairseq-rope-translate's.
+Needs aiohttp and prometheus-client: ``pip install 'fairseq-rope[serve]'`` (make setup installs
+them). CTranslate2 on cpu or cuda, single exports and length buckets (every bucket kept loaded);
+the flags that choose the model and its beam search are fairseq-rope-translate's.
 """
 
 import argparse
 import asyncio
 import concurrent.futures
 import functools
+import importlib.util
 import json
+import resource
 import signal
 import threading
 import time
 import traceback
-from typing import Callable, List, Optional
+from typing import Optional
 
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.deploy import translate
-from fairseq_rope_tools.deploy.batching import fits
-from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
-from fairseq_rope_tools.deploy.output import texts_per_line
+from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
-from fairseq_rope_tools.deploy.segmentation import Segmenter, first_line
-from fairseq_rope_tools.text_lines import LINE_BREAKS
+from fairseq_rope_tools.deploy.segmentation import first_line
+from fairseq_rope_tools.deploy.service_requests import RequestError, read_request, shown
+from fairseq_rope_tools.deploy.translation_service import Service
 
 try:
     from aiohttp import web
+
+    from fairseq_rope_tools.deploy.service_connections import SERVER_NAME, ConnectionGuard, json_error
+    from fairseq_rope_tools.deploy.service_metrics import ServiceMetrics
 
     # the sentences of a POST /translate, for its access line: a typed key from aiohttp 3.14 on (which
     # warns about a plain string), a string before
@@ -65,10 +71,13 @@ except ImportError:  # the serve extra is not installed: main says how to instal
     web = None
 
 say = sayer("serve")
-
-#: the fields of a request to POST /translate
-FIELDS = ("text", "beam_size", "nbest", "scores")
-LINE_BREAK_CHARACTERS = "\n" + LINE_BREAKS
+#: the serve extra's packages, by their module
+SERVE_EXTRA = {"aiohttp": "aiohttp", "prometheus-client": "prometheus_client"}
+#: file descriptors kept for the model, the log and the listening socket beside the connections
+RESERVED_DESCRIPTORS = 64
+#: how long a connection answered before its body was read (413, 408) still takes what the client
+#: sends, so that the client reads the answer rather than a reset connection (aiohttp's default: 10)
+LINGERING_SECONDS = 1.0
 
 
 def parse_args(argv):
@@ -88,14 +97,30 @@ def parse_args(argv):
                    help="sentences that may wait for a batch; a request beyond is answered 503 (1024)")
     p.add_argument("--max-lines", type=int, help="sentences in one request (256, or --max-queue if smaller)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="bytes in one request body (1048576)")
+    p.add_argument("--max-connections", type=int,
+                   help="client connections open at once; one more is answered 503 and closed (256, or what "
+                        "ulimit -n leaves if less)")
+    p.add_argument("--head-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a new connection's request line and headers must come within this (10)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a request's body must come within this once its headers have (30)")
+    p.add_argument("--keepalive-timeout", type=float, default=15.0, metavar="SECONDS",
+                   help="an idle connection is closed this long after its last answer (15)")
+    p.add_argument("--allowed-hosts", metavar="HOST,...",
+                   help="answer only requests whose Host header (without its port) is one of these (default: any)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long to wait for the requests in flight (30; a second SIGTERM stops "
                         "at once)")
     args = p.parse_args(argv)
     if args.max_lines is None:
         args.max_lines = min(256, args.max_queue)
+    descriptors = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    room = None if descriptors == resource.RLIM_INFINITY else max(1, descriptors - RESERVED_DESCRIPTORS)
+    given_connections = args.max_connections is not None
+    if not given_connections:
+        args.max_connections = min(256, room or 256)
     translate.check_model_arguments(p, args, (("max_beam", 1), ("max_batch_size", 1), ("max_queue", 1),
-                                              ("max_lines", 1), ("max_body_bytes", 1)))
+                                              ("max_lines", 1), ("max_body_bytes", 1), ("max_connections", 1)))
     if args.beam > args.max_beam:
         p.error(f"--beam {args.beam}: the default beam size must be at most --max-beam {args.max_beam}")
     if args.max_lines > args.max_queue:  # such a request could never be queued: a 503 that never clears
@@ -105,6 +130,17 @@ def parse_args(argv):
     for flag in ("max_batch_wait", "shutdown_timeout"):
         if not 0 <= getattr(args, flag) < float("inf"):
             p.error(f"--{flag.replace('_', '-')} must be a number of seconds >= 0, not {getattr(args, flag)}")
+    for flag in ("head_timeout", "body_timeout", "keepalive_timeout"):
+        if not 0 < getattr(args, flag) < float("inf"):
+            p.error(f"--{flag.replace('_', '-')} must be a number of seconds > 0, not {getattr(args, flag)}")
+    if given_connections and room is not None and args.max_connections > room:
+        p.error(f"--max-connections {args.max_connections}: this process may open {descriptors} files (ulimit -n), "
+                f"{RESERVED_DESCRIPTORS} of them kept for the model and the log: give at most {room}, or raise "
+                "ulimit -n")
+    hosts = [h.strip().lower() for h in (args.allowed_hosts or "").split(",") if h.strip()]
+    if args.allowed_hosts is not None and not hosts:
+        p.error("--allowed-hosts: give host names separated by commas, e.g. --allowed-hosts localhost,mt.example.org")
+    args.allowed_hosts = hosts or None
     args.decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)  # a request's own beam_size, nbest: its own
     return args
 
@@ -120,143 +156,7 @@ def check_model(args):
     args.streaming = True  # requests come mixed, as a stream's lines: every bucket used stays loaded
 
 
-# --- a request, read and checked -----------------------------------------------------------------
-class RequestError(Exception):
-    """What is wrong with a request, as its answer: an HTTP status and one line."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-def json_kind(value) -> str:
-    """A JSON value's kind, for a message: ``a string``, ``a number``, ..."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    kinds = ((str, "a string"), (int, "a number"), (float, "a number"), (list, "a list"), (dict, "an object"))
-    return next((kind for cls, kind in kinds if isinstance(value, cls)), "null")
-
-
-def count_field(data: dict, name: str, default: int, largest: int, bound: str) -> int:
-    """The integer field ``name`` of a request (``default`` when absent), from 1 to ``largest``."""
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= largest:
-        raise RequestError(400, f'"{name}" must be an integer from 1 to {largest} ({bound}), not '
-                                f'{json.dumps(value, ensure_ascii=False)[:40]}')
-    return value
-
-
-def read_request(body: bytes, default_beam: int, max_beam: int, max_lines: int):
-    """(sentences, beam size, nbest, scores) of a POST /translate body; RequestError if it is not
-    a request the server takes."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(400, f"the request body is not UTF-8: byte 0x{body[e.start]:02x} at offset {e.start}; "
-                                "send JSON in UTF-8") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise RequestError(400, f"the request body is not JSON ({getattr(e, 'msg', e)}{where}): send "
-                                '{"text": ["a sentence", ...]}') from None
-    if not isinstance(data, dict):
-        raise RequestError(400, f'the request body is {json_kind(data)}, not a JSON object: send '
-                                '{"text": ["a sentence", ...]}')
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise RequestError(400, f'unknown field "{unknown[0]}": a request has {", ".join(FIELDS)}')
-    if "text" not in data:
-        raise RequestError(400, 'the request has no "text": send {"text": ["a sentence", ...]}')
-    sentences = data["text"]
-    if not isinstance(sentences, list):
-        raise RequestError(400, f'"text" must be a list of strings, not {json_kind(sentences)}: send '
-                                '{"text": ["a sentence", ...]}')
-    if len(sentences) > max_lines:
-        raise RequestError(413, f"{len(sentences)} sentences in one request; the server takes at most {max_lines} "
-                                "(--max-lines): split the request")
-    for i, sentence in enumerate(sentences):
-        if not isinstance(sentence, str):
-            raise RequestError(400, f'"text"[{i}] must be a string, not {json_kind(sentence)}')
-        brk = next((c for c in sentence if c in LINE_BREAK_CHARACTERS), None)
-        if brk is not None:
-            raise RequestError(400, f'"text"[{i}] holds a line break (U+{ord(brk):04X}): send each sentence as an '
-                                    "item of its own")
-        try:
-            sentence.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise RequestError(400, f'"text"[{i}] holds an unpaired surrogate (\\u{ord(sentence[e.start]):04x}), '
-                                    "which is no character: send valid Unicode") from None
-    beam = count_field(data, "beam_size", default_beam, max_beam, "--max-beam")
-    nbest = count_field(data, "nbest", 1, beam, "the beam size")
-    scores = data.get("scores", False)
-    if not isinstance(scores, bool):
-        raise RequestError(400, f'"scores" must be true or false, not {json_kind(scores)}')
-    return sentences, beam, nbest, scores
-
-
-# --- the service: the model, its segmentation and the queue ---------------------------------------
-class Service:
-    """The model of ``args`` (checked by :func:`check_model`), loaded by :meth:`load` --
-    ``open_engine()`` builds its engine (default: fairseq-rope-translate's) -- and what
-    POST /translate does with a request."""
-
-    def __init__(self, args, open_engine: Optional[Callable[[], Engine]] = None):
-        self.args = args
-        self.open_engine = open_engine or functools.partial(translate.open_ctranslate2, args)
-        self.engine: Optional[Engine] = None
-        self.segment: Optional[Callable[[str], List[str]]] = None
-        self.batcher: Optional[RequestBatcher] = None
-        self.ready = False
-
-    def load(self) -> None:
-        """The engine and the segmenter (in a thread: the server answers /health meanwhile)."""
-        self.engine = self.open_engine()
-        self.segment = Segmenter(self.args.segmentation)
-
-    def sources(self, sentences: List[str]) -> List[List[str]]:
-        """The model's tokens of each sentence; RequestError for one longer than the model takes."""
-        limit = self.engine.max_source
-        sources = []
-        for i, sentence in enumerate(sentences):
-            tokens = self.segment(sentence)
-            if not fits(tokens, limit):
-                raise RequestError(413, f'"text"[{i}] is {len(tokens)} BPE tokens long; the model takes at most '
-                                        f"{limit - 1} (--max-source-positions): split the sentence")
-            sources.append(tokens)
-        return sources
-
-    def answer(self, results: List[List[Hypothesis]], nbest: int, scores: bool) -> dict:
-        """The JSON answer: the detokenized translations (n-best lists when ``nbest`` > 1) and, when
-        asked, their scores, as fairseq-rope-translate writes them (output.texts_per_line)."""
-        translations, scored = [], []
-        texts = texts_per_line(results, self.args.output_format, self.args.bpe_type, self.args.tgt)
-        for hypotheses, found in zip(results, texts):
-            if nbest == 1:  # an empty sentence has no hypothesis: an empty translation
-                translations.append(found[0] if found else "")
-                scored.append(hypotheses[0].score if hypotheses else None)
-            else:
-                translations.append(found)
-                scored.append([h.score for h in hypotheses])
-        return {"translations": translations, "scores": scored} if scores else {"translations": translations}
-
-    async def translate(self, sentences: List[str], beam: int, nbest: int, scores: bool) -> dict:
-        """The answer to a request (:func:`read_request`); raises RequestError and QueueFull."""
-        decoding = Decoding(beam, self.args.lenpen, self.args.max_len, nbest)
-        results = await self.batcher.translate(self.sources(sentences), decoding)
-        return self.answer(results, nbest, scores)
-
-
 # --- HTTP ------------------------------------------------------------------------------------------
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def error_response(status: int, message: str, retry_after: Optional[int] = None):
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.json_response({"error": message}, status=status, headers=headers, dumps=_dumps)
-
-
 class Server:
     """The HTTP server of a :class:`Service`: :meth:`run` listens, loads the model, serves until
     :meth:`stop` (SIGTERM, SIGINT), then finishes the requests in flight. ``port`` is the one it
@@ -270,6 +170,11 @@ class Server:
         self.in_flight = self.requests = 0
         self.stopping = False
         self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.guard: Optional[ConnectionGuard] = None
+        self.metrics = ServiceMetrics(args.max_batch_size, lambda: getattr(self.service.batcher, "waiting", 0),
+                                      lambda: self.guard.open if self.guard else 0,
+                                      lambda: self.guard.refused if self.guard else 0,
+                                      lambda: self.guard.timed_out if self.guard else 0)
         self._stop: Optional[asyncio.Event] = None
         self._stop_now: Optional[asyncio.Event] = None
 
@@ -294,48 +199,86 @@ class Server:
             state.update(waiting=batcher.waiting, batches=batcher.batches, sentences=batcher.sentences)
         return web.json_response(state, status=200 if state["ready"] else 503)
 
+    async def metrics_text(self, request):
+        return web.Response(body=self.metrics.text(), headers={"Content-Type": self.metrics.content_type})
+
     async def translate(self, request):
         if not self.service.ready:
-            return error_response(503, "the model is still loading: retry once GET /ready answers 200", retry_after=1)
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"the request body is over {self.max_body} bytes (--max-body-bytes): send "
-                                       "fewer sentences per request")
+            return json_error(503, "the model is still loading: retry once GET /ready answers 200", retry_after=1)
+        if request.content_type != "application/json":  # also what makes a cross-site form post need CORS
+            return json_error(415, f"the request's Content-Type is {shown(request.content_type or 'missing')}: send "
+                                   "JSON with Content-Type: application/json")
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            return json_error(415, f"Content-Encoding {shown(encoding)}: send the body uncompressed")
+        too_big = (f"the request body is over {self.max_body} bytes (--max-body-bytes): send fewer sentences per "
+                   "request")
+        if request.content_length is not None and request.content_length > self.max_body:
+            return self._closing(json_error(413, too_big))  # said at once: the body is never read
         args = self.service.args
+        try:
+            body = await asyncio.wait_for(request.read(), args.body_timeout)
+        except web.HTTPRequestEntityTooLarge:
+            return self._closing(json_error(413, too_big))
+        except asyncio.TimeoutError:
+            return self._closing(json_error(408, f"the request body did not come within {args.body_timeout:g} s "
+                                                 "(--body-timeout): send it at once"))
         try:
             sentences, beam, nbest, scores = read_request(body, args.beam, args.max_beam, args.max_lines)
             request[LINES] = len(sentences)
             answer = await self.service.translate(sentences, beam, nbest, scores)
         except RequestError as e:
-            return error_response(e.status, str(e))
+            return json_error(e.status, str(e))
         except QueueFull as e:
-            return error_response(503, f"the server is busy: {e}: retry later", retry_after=1)
-        return web.json_response(answer, dumps=_dumps)
+            return json_error(503, f"the server is busy: {e}: retry later", retry_after=1)
+        return web.json_response(answer, dumps=functools.partial(json.dumps, ensure_ascii=False))
+
+    @staticmethod
+    def _closing(response):
+        response.force_close()  # what is left of the body is not read
+        return response
 
     async def access(self, request, handler):
         """One access line per request; aiohttp's own refusals (no such path, method) as JSON; and,
         once stopping, no new request on a connection kept alive."""
         started = time.perf_counter()
+        started_request = getattr(request.protocol, "request_started", None)
+        if started_request is not None:
+            started_request()
         self.in_flight += 1
+        hosts = self.service.args.allowed_hosts
+        host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower() if request.host else ""
+        status, where = 500, f'"{request.method} {shown(request.raw_path, 200)}"'
         try:
             if self.stopping:
-                response = error_response(503, "the server is shutting down: retry with another instance",
-                                          retry_after=1)
+                response = json_error(503, "the server is shutting down: retry with another instance", retry_after=1)
                 response.force_close()
+            elif hosts is not None and host not in hosts:
+                response = json_error(421, f"Host {shown(request.host or 'missing')} is not one this server answers "
+                                           "(--allowed-hosts)")
             else:
                 response = await handler(request)
         except web.HTTPException as e:
-            response = error_response(e.status, f"{request.method} {request.path}: {e.reason}"
-                                                + ("" if e.status != 404 else ": the routes are GET /health, "
-                                                   "GET /ready and POST /translate"))
+            response = json_error(e.status, f"{request.method} {shown(request.path, 200)}: {e.reason}"
+                                            + ("" if e.status != 404 else ": the routes are GET /health, "
+                                               "GET /ready, GET /metrics and POST /translate"))
+        except (asyncio.CancelledError, ConnectionError) as e:  # the client went away: its work is dropped
+            status = "gone"
+            say(f"{request.remote} {where} client gone after ms={(time.perf_counter() - started) * 1000:.1f}")
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            response = None
         except Exception as e:  # noqa: BLE001 - one request failed; the server goes on
-            say(f'internal error on "{request.method} {request.path}":\n{traceback.format_exc().rstrip()}')
-            response = error_response(500, f"internal error: {first_line(e)}")
+            say(f"internal error on {where}:\n{traceback.format_exc().rstrip()}")
+            response = json_error(500, f"internal error: {first_line(e)}")
         finally:
             self.in_flight -= 1
             self.requests += 1
-        say(f'{request.remote} "{request.method} {request.path}" {response.status} lines={request.get(LINES, "-")} '
+            self.metrics.answered(request.path if request.path in ROUTES else "other",
+                                  response.status if status != "gone" else 499, time.perf_counter() - started)
+        if response is None:
+            raise ConnectionResetError("the client went away")
+        say(f'{request.remote} {where} {response.status} lines={request.get(LINES, "-")} '
             f"ms={(time.perf_counter() - started) * 1000:.1f}")
         return response
 
@@ -350,25 +293,37 @@ class Server:
         async def access(request, handler):
             return await self.access(request, handler)
 
+        async def server_name(request, response):
+            response.headers["Server"] = SERVER_NAME  # no versions of what runs the service
+
         app = web.Application(client_max_size=self.max_body, middlewares=[access])
+        app.on_response_prepare.append(server_name)
         app.add_routes([web.get("/health", self.health), web.get("/ready", self.ready),
-                        web.post("/translate", self.translate)])
-        # its shutdown_timeout: for the answers still being written once the requests in flight are done
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+                        web.get("/metrics", self.metrics_text), web.post("/translate", self.translate)])
+        # its shutdown_timeout: for the answers still being written once the requests in flight are done;
+        # handler_cancellation: a request whose client went away stops where it waits
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                               handler_cancellation=True)
         await runner.setup()
+        args = self.service.args
+        self.guard = ConnectionGuard(runner.server, say, args.max_connections, args.head_timeout,
+                                     keepalive_timeout=args.keepalive_timeout, lingering_time=LINGERING_SECONDS,
+                                     access_log=None, auto_decompress=False)
+        self.guard.loop = self.loop
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
         for signum in previous:
             self.loop.add_signal_handler(signum, self._on_stop_signal)
         batcher_task = None
         try:
-            batcher_task = await self._serve(runner, executor)
+            batcher_task = await self._serve(executor)
         finally:
             unanswered = self.in_flight
             await runner.cleanup()
             if batcher_task is not None:
                 batcher_task.cancel()
             executor.shutdown(wait=False)
+            self.service.text_work.shutdown(wait=False)
             for signum, handler in previous.items():  # asyncio leaves the default action, not the one before
                 self.loop.remove_signal_handler(signum)
                 signal.signal(signum, handler)
@@ -381,20 +336,20 @@ class Server:
         say(f"stopped: {self.requests} requests" + (f", {batcher.sentences} sentences in {batcher.batches} batches"
                                                      if batcher else ""))
 
-    async def _serve(self, runner, executor):
+    async def _serve(self, executor):
         """Listen, load, serve until stopped, then wait (at most --shutdown-timeout) for the
         requests in flight; the batcher's task, or None when stopped before the model loaded."""
         args = self.service.args
-        site = web.TCPSite(runner, self.host, self.port)
         try:
-            await site.start()
+            listener = await self.loop.create_server(self.guard, self.host, self.port, reuse_address=True)
         except OSError as e:
             raise UserError(f"--host {self.host} --port {self.port}: cannot listen there ({e.strerror or e}): give "
                             "another --port (0: any free one)") from None
-        self.port = runner.addresses[0][1]
+        self.port = listener.sockets[0].getsockname()[1]
         self.listening.set()
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        say(f"listening on http://{shown}:{self.port} (GET /health, GET /ready, POST /translate); loading the model")
+        shown_host = f"[{self.host}]" if ":" in self.host else self.host
+        say(f"listening on http://{shown_host}:{self.port} (GET /health, GET /ready, GET /metrics, POST /translate); "
+            "loading the model")
         loading = self.loop.run_in_executor(executor, self.service.load)
         stopped = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait([loading, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -402,7 +357,7 @@ class Server:
         if loading.done():
             loading.result()  # a model that cannot load: its UserError
             self.service.batcher = RequestBatcher(self.service.engine, args.max_batch_size, args.max_batch_wait,
-                                                  args.max_queue, executor)
+                                                  args.max_queue, executor, on_batch=self.metrics.batch_decoded)
             batcher_task = asyncio.ensure_future(self.service.batcher.run())
             await asyncio.sleep(0)  # the batcher's loop runs before the first request comes
             self.service.ready = True
@@ -411,7 +366,7 @@ class Server:
                 f"sentences, waiting at most {args.max_batch_wait * 1000:g} ms")
             await stopped
         self.stopping = True
-        await site.stop()  # no new connections
+        listener.close()  # no new connections
         say(f"stopping: no new connections; finishing {self.in_flight} request{'s' if self.in_flight != 1 else ''} "
             "in flight")
         deadline = self.loop.time() + self.shutdown_timeout
@@ -420,14 +375,22 @@ class Server:
         return batcher_task
 
 
+#: the routes, by path (the metrics' route label; any other path counts as "other")
+ROUTES = ("/health", "/ready", "/metrics", "/translate")
+
+
 @command
 def main(argv=None):
     args = parse_args(argv)
     if web is None:
-        raise UserError("fairseq-rope-serve needs aiohttp, which is not installed: pip install 'fairseq-rope[serve]' "
-                        "(or run make setup)")
+        missing = [name for name, module in SERVE_EXTRA.items() if importlib.util.find_spec(module) is None]
+        missing = missing or ["aiohttp"]  # found, but it would not import
+        verb = "is" if len(missing) == 1 else "are"
+        raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
+                        "'fairseq-rope[serve]' (or run make setup)")
     check_model(args)
-    asyncio.run(Server(Service(args), args.host, args.port, args.shutdown_timeout).run())
+    service = Service(args, functools.partial(translate.open_ctranslate2, args))
+    asyncio.run(Server(service, args.host, args.port, args.shutdown_timeout).run())
 
 
 if __name__ == "__main__":

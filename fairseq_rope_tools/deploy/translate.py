@@ -35,10 +35,13 @@ translations go to stdout.
 
 A line longer than the model's source positions (its BPE tokens and the ``</s>`` appended, as
 fairseq counts them: ``max_source_positions`` of the checkpoint, or as the export recorded it) is
-refused by default, before anything is translated (from a stream: when it comes);
-``--too-long skip`` leaves its translation empty, ``--too-long truncate`` translates its first
-tokens, and either reports how many lines it affected; ``--max-source-positions`` sets another
-limit. Before anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's
+refused by default: the lines before it are translated and written, then the command stops
+naming it (status 1); ``--too-long skip`` leaves its translation empty, ``--too-long truncate``
+translates its first tokens, and either reports how many lines it affected;
+``--max-source-positions`` sets another limit. A line is read only up to the bytes the limit can
+hold (:func:`~fairseq_rope_tools.deploy.batching.line_byte_cap`): an endless line costs no memory.
+
+Before anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's
 dictionaries token for token in order (when a data-bin is given), ``--src``/``--tgt`` the model's
 direction, every output path writable (a symlinked ``--output`` keeps the link; its target is
 replaced) and none of the files the run reads, and standard output open when the translations go
@@ -72,10 +75,17 @@ from fairseq_rope_files import output_files_problem, write_lines, write_text_ato
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
 from fairseq_rope_tools.data import text_tools  # (the recipe's strict line reader)
 from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
-from fairseq_rope_tools.deploy.batching import TOO_LONG_POLICIES, LengthLimit, batches_as_they_come, translate_sorted
+from fairseq_rope_tools.deploy.batching import (
+    TOO_LONG_POLICIES,
+    LengthLimit,
+    batches_as_they_come,
+    line_byte_cap,
+    translate_sorted,
+)
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.output import OutputFormat
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter, first_line
+from fairseq_rope_tools.text_lines import OverlongLine
 
 say = sayer("translate")
 
@@ -279,7 +289,9 @@ def check_model(args):
 
 
 def verified_bundle(model_dir):
-    """The bundle's manifest, every file checked against it (None: an export without one)."""
+    """The bundle's manifest, every file checked against it, none a link out of it (None: a
+    --length-buckets export of a version before bundles, verified by its own manifest); a
+    directory without bundle.json is refused, never loaded unverified."""
     try:
         return exported.verified_bundle(model_dir)
     except (OSError, ValueError) as e:
@@ -429,36 +441,50 @@ def main(argv=None):
     check_setup(args)
     segment = Segmenter(args.segmentation) if args.input_format == "raw" else str.split
     engine = ENGINES[args.engine](args)
-    reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8)
+    reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,
+                                   max_bytes=line_byte_cap(engine.max_source))
     limit = LengthLimit(engine.max_source, args.too_long, reader.path)
     output = OutputFormat(args.output_format, args.nbest, args.json_lines, args.bpe_type, args.tgt)
 
     def translated(numbered_lines, progress=False):
-        """Output lines, sentences translated and decoding seconds of (number, line) pairs."""
+        """Output lines, input lines, sentences translated and decoding seconds of (number, line)
+        pairs, and the refusal of a line too long (None): the lines before it are translated all
+        the same."""
         numbers, sources, notes = [], [], []
+        refusal = None
         for number, line in numbered_lines:
-            tokens = segment(line)
-            source = limit.apply(number, tokens)
+            try:
+                if isinstance(line, OverlongLine):  # never segmented whole
+                    source, cut = limit.apply_overlong(number, line, segment), True
+                else:
+                    tokens = segment(line)
+                    source = limit.apply(number, tokens)
+                    cut = source is not None and len(source) < len(tokens)
+            except UserError as e:
+                refusal = e
+                break
             numbers.append(number)
             sources.append(source)
-            notes.append("skipped" if source is None else "truncated" if len(source) < len(tokens) else None)
+            notes.append("skipped" if source is None else "truncated" if cut else None)
         results, seconds = translate_sorted(engine, sources, args.batch_size, progress)
-        return output.lines(numbers, results, notes), sum(1 for s in sources if s), seconds
+        return output.lines(numbers, results, notes), len(numbers), sum(1 for s in sources if s), seconds, refusal
 
     if args.output is None:
         sys.stdout.reconfigure(encoding="utf-8")  # UTF-8 whatever the locale, as --output is
     lines = sentences = 0
     seconds = 0.0
+    refusal = None
     try:
         if args.streaming:  # each batch written as soon as it is translated
             for batch in batches_as_they_come(reader, args.batch_size, args.flush_after):
-                out, n, spent = translated(batch)
+                out, n_lines, n_sentences, spent, refusal = translated(batch)
                 write_lines(None, out)
-                lines, sentences, seconds = lines + len(batch), sentences + n, seconds + spent
-        else:  # read whole, so that every line is checked before any is translated
-            numbered = list(enumerate(reader, 1))
-            out, sentences, seconds = translated(numbered, progress=not args.quiet and args.input != "-")
-            lines = len(numbered)
+                lines, sentences, seconds = lines + n_lines, sentences + n_sentences, seconds + spent
+                if refusal:
+                    break
+        else:  # read whole and sorted by length; up to a refused line
+            out, lines, sentences, seconds, refusal = translated(enumerate(reader, 1),
+                                                                 progress=not args.quiet and args.input != "-")
             write_lines(args.output, out)
     except BrokenPipeError:
         raise  # the reader has gone (| head): the command ends quietly
@@ -469,6 +495,10 @@ def main(argv=None):
         reader.report(say)  # "[translate] ..." lines
         if limit.report():
             say(limit.report())  # never silent, even with --quiet
+    if refusal is not None:
+        where = f"--output {args.output}" if args.output else "standard output"
+        raise UserError(f"{refusal} (the {lines} line{'s' if lines != 1 else ''} before it: translated to {where})"
+                        if lines else str(refusal), status=refusal.status)
 
     stats = dict(engine=args.engine, sentences=sentences, lines=lines, seconds=round(seconds, 3),
                  sentences_per_second=round(sentences / seconds, 2) if seconds > 0 else None, beam=args.beam,

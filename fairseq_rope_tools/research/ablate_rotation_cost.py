@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from fairseq_rope_tools.cli import command, progress_sayer
+from fairseq_rope_tools.cli import add_version_argument, command, progress_sayer
 from fairseq_rope_tools.research.benchmark_speed import ARCHS, build_on, make_batch, train_step
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
@@ -25,6 +25,7 @@ from fairseq_rope_tools.research.models import DictionaryTask
 @command
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_argument(parser)
     parser.add_argument("--dim", choices=sorted(ARCHS), default="base")
     parser.add_argument("--reps", type=int, default=4, help="timed steps per model (after one warm-up)")
     parser.add_argument("--tokens-per-batch", type=int, default=4096)

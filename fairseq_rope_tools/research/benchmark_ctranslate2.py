@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
-from fairseq_rope_tools.cli import UserError, command, plugin_dir, progress_sayer
+from fairseq_rope_tools.cli import UserError, add_version_argument, command, plugin_dir, progress_sayer
 from fairseq_rope_tools.deploy.batching import translate_sorted
 from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine, ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.engine import Decoding
@@ -190,6 +190,7 @@ RESULTS = ("results.json", "results.md")
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_argument(p)
     p.add_argument("--checkpoint", type=Path)
     p.add_argument("--data-bin", type=Path)
     p.add_argument("--out-dir", type=Path)

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
-from fairseq_rope_tools.cli import UserError, command, progress_sayer
+from fairseq_rope_tools.cli import UserError, add_version_argument, command, progress_sayer
 from fairseq_rope_tools.research.machine import describe_cpu, page_faults, peak_resident_kib, status_kib, use_malloc
 
 # page_faults, use_malloc and median_interval are imported from here by ablate_rotation_cost.py and the tests
@@ -457,6 +457,7 @@ def pool_reports(paths, json_out=None):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_argument(p)
     p.add_argument("--dims", nargs="+", choices=sorted(ARCHS), default=["tiny", "base"])
     p.add_argument("--reps", type=int, default=7, help="A/B pairs per training and generation row")
     p.add_argument("--steps", type=int, default=1, help="least training steps timed per repetition")

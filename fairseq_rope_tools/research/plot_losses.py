@@ -14,7 +14,7 @@ import argparse
 import os
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_atomically
-from fairseq_rope_tools.cli import UserError, command
+from fairseq_rope_tools.cli import UserError, add_version_argument, command
 from fairseq_rope_tools.training_log import parse_train_log
 
 
@@ -58,6 +58,7 @@ def plot(runs, output, title=None):
 @command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_version_argument(p)
     p.add_argument("logs", nargs="*", help="fairseq-train log file(s)")
     p.add_argument("--log", action="append", default=[], help="another log (same as a positional one)")
     p.add_argument("--label", action="append", default=[], help="legend label for each log, in order")

@@ -11,7 +11,7 @@ import logging
 import torch
 
 from fairseq_rope.modules.rotary import inverse_frequencies
-from fairseq_rope_tools.cli import command
+from fairseq_rope_tools.cli import add_version_argument, command
 
 
 def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 10000.0):
@@ -26,6 +26,7 @@ def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 1000
 @command
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_version_argument(p)
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--dim", type=int, default=128, help="rotary dimension d (even)")
     p.add_argument("--theta", type=float, nargs="+", default=[10000.0], help="RoPE base(s), one curve each")
