@@ -36,11 +36,13 @@ from fairseq_rope_files import write_atomically
 from .checkpoint_namespaces import dicts_as_namespaces, namespaces_as_dicts
 from .checkpoint_safe_globals import safe_load_kwargs
 from .config_values import OneLineError, config_value
+from .initialization import ORIGIN, Start, initialization_problems, origin_record
 from .model_options import (
     check_model_overrides,
     check_resumed_model,
     model_config,
     plugin_model_name,
+    registered_model_name,
     trained_model_differences,
 )
 from .plugin_options import INFERENCE, option_flag, options_with_role, resembles_plugin_option
@@ -307,11 +309,7 @@ def _resume_checks_the_model(load_checkpoint):
     def load_checkpoint_of_the_same_model(trainer, filename, *args, **kwargs):
         saved = saved_model_config(filename)
         if saved is not None and filename == trainer.cfg.checkpoint.finetune_from_model:
-            # --finetune-from-model starts a new training from another model's weights: options may
-            # differ on purpose (e.g. a larger --rope-theta for longer inputs), so they are named,
-            # not refused. Its later resumes (from its own checkpoint_last.pt) are checked.
-            for name, value, old in trained_model_differences(trainer.cfg.model, saved):
-                logger.warning(f"fine-tuning {filename} with {option_flag(name)} {value} (it was trained with {old})")
+            start_from(trainer, filename)
         elif saved is not None:
             check_resumed_model(trainer.cfg.model, saved, filename)
         return load_checkpoint(trainer, filename, *args, **kwargs)
@@ -319,12 +317,39 @@ def _resume_checks_the_model(load_checkpoint):
     return load_checkpoint_of_the_same_model
 
 
+def start_from(trainer, filename) -> None:
+    """--finetune-from-model ``filename``: a start whose tensors map one to one onto the model (else
+    OneLineError listing every difference), recorded as the model's origin. Options may differ on
+    purpose (e.g. a larger --rope-theta for longer inputs): a plugin model's are named, not refused.
+    Its later resumes (from its own checkpoint_last.pt) are checked as any resume."""
+    state = load_cheaply(filename)
+    dictionaries = state.get(DICTIONARIES)
+    start = Start(filename, model_config(state), state.get("model") or {},
+                  dictionaries if isinstance(dictionaries, dict) else None)
+    model_cfg, arch = trainer.cfg.model, config_value(trainer.cfg.model, "arch")
+    problems = initialization_problems(start, model_cfg, trainer.task, dictionary_fingerprint, registered_model_name)
+    if problems:
+        raise OneLineError(f"--finetune-from-model {filename}: cannot start {arch} from it: {'; '.join(problems)}: "
+                           "give the flags it was trained with, or a checkpoint of this shape")
+    origin = origin_record(start)
+    setattr(model_cfg, ORIGIN, origin)
+    logger.info(f"starting {arch} from {filename} ({origin['arch']}): its tensors map one to one")
+    if plugin_model_name(origin["arch"]) is not None:
+        for name, value, old in trained_model_differences(model_cfg, start.saved):
+            logger.warning(f"fine-tuning {filename} with {option_flag(name)} {value} (it was trained with {old})")
+
+
 def _resume_continues_training_lengths(load_checkpoint):
     def load_checkpoint_and_training_lengths(trainer, filename, *args, **kwargs):
         extra_state = load_checkpoint(trainer, filename, *args, **kwargs)
         model = trainer.get_model()
         saved = saved_model_config(filename) if extra_state is not None else None
-        if saved is not None and hasattr(model, "training_lengths"):
+        start = filename == trainer.cfg.checkpoint.finetune_from_model
+        if saved is not None and not start and config_value(saved, ORIGIN):  # a fine-tuned model's resume
+            setattr(trainer.cfg.model, ORIGIN, config_value(saved, ORIGIN))
+        # a start that counted nothing (not a RoPE model): this training counts from zero, unsaid
+        counts_from_zero = start and saved is not None and not config_value(saved, COUNTS)
+        if saved is not None and hasattr(model, "training_lengths") and not counts_from_zero:
             # the model was built from the command line; the counts so far are in the checkpoint
             model.training_lengths = TrainingLengths(saved)
             if not config_value(saved, COUNTS):
@@ -345,6 +370,7 @@ def load_checkpoint_locked_and_recovering(load_checkpoint):
 
 
 def trainer_load_checkpoint_checked(load_checkpoint):
-    """fairseq's ``Trainer.load_checkpoint`` refusing to resume another model, and continuing
-    the checkpoint's training-length counts."""
+    """fairseq's ``Trainer.load_checkpoint`` refusing to resume another model or to start from
+    one that does not map one to one, and continuing the checkpoint's training-length counts and
+    origin (:mod:`.initialization`)."""
     return _resume_continues_training_lengths(_resume_checks_the_model(load_checkpoint))

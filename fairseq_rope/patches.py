@@ -98,7 +98,8 @@ PATCHES = (
           "other dictionaries is not refused), and model options saved as a dict, which fairseq without "
           "--user-dir reads far enough to name the unknown architecture (a Namespace is an UnpicklingError)"),
     Patch("fairseq.trainer:Trainer", "load_checkpoint", trainer_load_checkpoint_checked,
-          "the resume check (a resume can change an option that defines the trained model) and the "
+          "the resume check (a resume can change an option that defines the trained model), the "
+          "--finetune-from-model check (a start that does not map one to one) with its origin record, and the "
           "continued training-length counts"),
 )
 _installed = False

@@ -124,6 +124,8 @@ PLUGIN_OPTIONS: Dict[str, PluginOption] = {option.name: option for option in (
                  "do not exceed; 0: unset", ROPE, INFERENCE, type=int, metavar="L"),
     PluginOption("rope_trained_length", 0, "the longest sequence seen in training (tokens)", ROPE, RECORDED),
     PluginOption("rope_trained_length_counts", None, "how many training sequences had each length", ROPE, RECORDED),
+    PluginOption("rope_init_from", None, "where a fine-tuned model started: the path, sha256 and architecture of "
+                 "--finetune-from-model (fairseq_rope/initialization.py)", ROPE, RECORDED),
     PluginOption("rpe_max_distance", 16, "relative distances are clipped to [-K, K]; 2K+1 learned key and value "
                  "vectors per layer", RPE, type=int, metavar="K",
                  check=lambda args: check_max_distance(args.rpe_max_distance)),

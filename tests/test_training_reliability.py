@@ -201,8 +201,9 @@ def test_the_save_dir_check_leaves_a_file_named_dummy_alone(tmp_path):
 
 def fake_trainer(save_dir, rank_saves=True, finetune_from_model=None, model_cfg=None, model=None):
     cfg = SimpleNamespace(checkpoint=SimpleNamespace(finetune_from_model=finetune_from_model), model=model_cfg)
+    task = SimpleNamespace(source_dictionary=None, target_dictionary=None, cfg=SimpleNamespace())  # none to compare
     return SimpleNamespace(cfg=cfg, should_save_checkpoint_on_current_rank=rank_saves, checkpoint_suffix="",
-                           get_model=lambda: model)
+                           get_model=lambda: model, task=task)
 
 
 @pytest.mark.parametrize("no_save, rank_saves", [(True, True), (False, False)])

@@ -8,6 +8,7 @@
 #   ARCH=transformer_wmt_en_de bash examples/wmt14_en_de/train.sh       # sinusoidal baseline
 #   bash examples/wmt14_en_de/train.sh --rope-theta 20000               # extra args go to fairseq-train
 #   CONCAT_MAX_SENTENCES=3 bash examples/wmt14_en_de/train.sh           # concatenation training, for long inputs
+#   INIT_FROM=wmt_model/model.pt MAX_UPDATE=5000 bash examples/wmt14_en_de/train.sh  # start from a trained model
 #
 # The batch: MAX_TOKENS per GPU x GPUs x UPDATE_FREQ ~= TOKENS_PER_UPDATE. UPDATE_FREQ is computed
 # from the number of GPUs (all visible ones, times NNODES) unless you set it. --fp16 on GPU.
@@ -39,6 +40,7 @@ CONCAT_MAX_SENTENCES="${CONCAT_MAX_SENTENCES:-1}"
 CONCAT_PROB="${CONCAT_PROB:-0.5}"
 CONCAT_FROM_EPOCH="${CONCAT_FROM_EPOCH:-1}"
 SEED="${SEED:-1}"
+INIT_FROM="${INIT_FROM:-}"                 # a checkpoint to start from (--finetune-from-model), e.g. a sinusoidal model
 NUM_WORKERS="${NUM_WORKERS:-1}"            # fairseq data-loader workers
 CPU="${CPU:-auto}"                         # auto: CPU when no GPU is visible; 1: force CPU
 FP16="${FP16:-auto}"                       # auto: --fp16 on GPU
@@ -54,6 +56,8 @@ LOG_FILE="${LOG_FILE:-$SAVE_DIR/train.log}"
     || die "CONCAT_MAX_SENTENCES must be a whole number K >= 1 (1: no concatenation training), got '$CONCAT_MAX_SENTENCES'"
 [[ "$CONCAT_FROM_EPOCH" =~ ^[1-9][0-9]*$ ]] \
     || die "CONCAT_FROM_EPOCH must be an epoch number >= 1, got '$CONCAT_FROM_EPOCH'"
+[[ -z "$INIT_FROM" || -f "$INIT_FROM" ]] \
+    || die "INIT_FROM=$INIT_FROM is not a file: give a checkpoint (model.pt of a pretrained-model directory, an average, a checkpoint*.pt)"
 command -v fairseq-train >/dev/null || die "fairseq-train not on PATH: run 'make setup' and put .venv/bin first on PATH"
 
 GPUS="${GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
@@ -98,10 +102,14 @@ ARGS=(
     --log-format simple --log-interval "$LOG_INTERVAL" --seed "$SEED" --num-workers "$NUM_WORKERS"
     "${DEVICE_ARGS[@]}" "${USER_DIR_ARGS[@]}"
 )
+# fairseq takes the start only without a checkpoint_last.pt: a resume goes on from that
+[[ -z "$INIT_FROM" ]] || ARGS+=(--finetune-from-model "$INIT_FROM")
 
 mkdir -p "$SAVE_DIR"
 if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
     log "resuming from $SAVE_DIR/checkpoint_last.pt"
+elif [[ -n "$INIT_FROM" ]]; then
+    log "starting from the weights of $INIT_FROM (a fresh optimizer, learning-rate schedule and data order)"
 fi
 log "$ARCH on $( [[ "$CPU" == 1 ]] && echo CPU || echo "$DEVICES GPU(s)"): max-tokens $MAX_TOKENS x $DEVICES device(s) x update-freq $UPDATE_FREQ = $((MAX_TOKENS * DEVICES * UPDATE_FREQ)) tokens per update; log $LOG_FILE"
 if [[ "$CONCAT_MAX_SENTENCES" -gt 1 ]]; then

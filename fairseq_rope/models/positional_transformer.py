@@ -12,6 +12,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..config_values import OptionError
+from ..initialization import drop_token_positions
 from ..modules.rotary import sequence_lengths
 from ..plugin_options import add_plugin_args, check_plugin_options, fill_plugin_defaults
 
@@ -116,6 +117,12 @@ class PositionalTransformerModel(TransformerModel):
     to the token embeddings."""
 
     attention_factory = AttentionFactory
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        # weights of another model (--finetune-from-model): token positions have no place here
+        sides = [side for side in ("encoder", "decoder") if getattr(self, side).embed_positions is None]
+        drop_token_positions(state_dict, f"{name}." if name else "", sides)
+        super().upgrade_state_dict_named(state_dict, name)
 
     @classmethod
     def registered_name(cls) -> str:

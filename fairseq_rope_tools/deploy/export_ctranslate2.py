@@ -70,6 +70,7 @@ from typing import Optional
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
 from fairseq_rope.checkpoints import is_readable_checkpoint
 from fairseq_rope.config_values import OptionError
+from fairseq_rope.initialization import ORIGIN
 from fairseq_rope.model_options import model_config, registered_model_name
 from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
@@ -515,7 +516,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 
     info = dict(identity, data_bin=os.path.realpath(data_bin), quantization=quantization, arch=args.arch,
                 overrides=overrides or {}, max_source_positions=args.max_source_positions,
-                max_target_positions=args.max_target_positions,
+                max_target_positions=args.max_target_positions, init_from=getattr(args, ORIGIN, None),
                 training_length=training_length(args) if registered_model_name(args.arch) == "transformer_rope"
                 else None)
 
