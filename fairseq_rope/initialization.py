@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from .config_values import config_value
+from .plugin_options import option_flag
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +39,6 @@ DEFAULTS = {"attention_kind": "softmax", "layernorm_embedding": False, "no_scale
             "activation_fn": "relu", "share_all_embeddings": False, "share_decoder_input_output_embed": False}
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def architecture_problems(saved, model_cfg, registered_model) -> List[str]:
     """Why the model of ``saved`` (its configuration) cannot start the one of ``model_cfg``: each
     option of :data:`ARCHITECTURE` that differs, and a start with relative-position tables."""
@@ -52,7 +49,7 @@ def architecture_problems(saved, model_cfg, registered_model) -> List[str]:
     for name in ARCHITECTURE:
         old, new = (config_value(cfg, name, DEFAULTS.get(name)) for cfg in (saved, model_cfg))
         if old != new:
-            problems.append(f"{flag(name)} {old} in it, {new} here")
+            problems.append(f"{option_flag(name)} {old} in it, {new} here")
     return problems
 
 

@@ -152,12 +152,15 @@ MANIFESTS = {"deeply nested": _deeply_nested, "nested beyond a manifest": _neste
              "binary": _binary, "not JSON": _not_json}
 
 
+@pytest.mark.parametrize("export, manifest", [("single", exported.BUNDLE), ("buckets", exported.LENGTH_BUCKETS)],
+                         ids=["bundle.json", "length_buckets.json"])
 @pytest.mark.parametrize("spoil", MANIFESTS.values(), ids=MANIFESTS.keys())
-def test_a_manifest_that_is_no_manifest_is_refused_naming_it(single, spoil):
-    path = single / exported.BUNDLE
+def test_a_manifest_that_is_no_manifest_is_refused_naming_it(request, export, manifest, spoil):
+    out = request.getfixturevalue(export)
+    path = out / manifest
     problem = spoil(path)
     with pytest.raises(ValueError) as refused:
-        exported.verified_bundle(single)
+        exported.verified_bundle(out)
     assert str(refused.value).startswith(f"{path} {problem}") and "\n" not in str(refused.value), refused.value
 
 
@@ -167,15 +170,6 @@ def test_translate_refuses_such_a_manifest_in_one_line(single, tmp_path, capsys,
     problem = spoil(path)
     line = _refused_by_translate(capsys, monkeypatch, tmp_path, single)
     assert f"--model-dir {single}: {path} {problem}" in line and line.endswith(AGAIN), line
-
-
-@pytest.mark.parametrize("spoil", MANIFESTS.values(), ids=MANIFESTS.keys())
-def test_a_length_bucket_manifest_is_bounded_alike(buckets, spoil):
-    path = buckets / exported.LENGTH_BUCKETS
-    problem = spoil(path)
-    with pytest.raises(ValueError) as refused:
-        exported.verified_bundle(buckets)
-    assert str(refused.value).startswith(f"{path} {problem}"), refused.value
 
 
 @pytest.mark.parametrize("entry", ["../outside.bin", "/etc/hostname", "sub/../../outside.bin"])
