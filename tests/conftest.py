@@ -34,6 +34,10 @@ def cli_command(args, env):
                              "which makes it an end-to-end test: mark it (or its module) with pytest.mark.e2e")
     exe = BIN / args[0]
     cmd = [str(exe) if exe.exists() else args[0], *map(str, args[1:])]
+    if args[0] == "fairseq-train" and "--data-buffer-size" not in cmd:
+        # fairseq's prefetching thread, still inside torch when a short training ends, made the
+        # process abort at exit now and then ("terminate called without an active exception")
+        cmd += ["--data-buffer-size", "0"]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
     full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
