@@ -12,11 +12,12 @@ path, sha256 and architecture of the start), in every checkpoint of its training
 included, and fairseq-rope-export copies it into export_info.json.
 """
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
+
+from fairseq_rope_files import file_fingerprint
 
 from .config_values import config_value
 from .plugin_options import option_flag
@@ -116,11 +117,7 @@ def initialization_problems(start: Start, model_cfg, task, fingerprint: Callable
 def origin_record(start: Start) -> dict:
     """What :data:`ORIGIN` records of ``start``: its path, sha256 and architecture (and, for a
     start that was itself fine-tuned, its own origin)."""
-    digest = hashlib.sha256()
-    with open(start.path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    record = {"path": os.path.abspath(start.path), "sha256": digest.hexdigest(),
+    record = {"path": os.path.abspath(start.path), "sha256": file_fingerprint(start.path)[1],
               "arch": config_value(start.saved, "arch") or config_value(start.saved, "_name")}
     earlier = config_value(start.saved, ORIGIN)
     if earlier:

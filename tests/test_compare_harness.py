@@ -5,6 +5,7 @@ resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cl
 fairseq_rope_tools/research/significance.py)."""
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -962,6 +963,16 @@ def test_a_recipes_variant_takes_settings_of_its_own():
      "--variants rope_concat and rope_concat@concat-max-sentences=3 train the same model: drop one"),
     (["rope_concat@concat-prob=0.2", "--concat-prob", "0.3"],
      "--concat-prob is read by no variant of --variants: rope_concat@concat-prob=0.2 set their own; drop it"),
+    # a start and a budget of its own
+    (["sinusoidal", "rope@init-from=learned"],
+     "--variants rope@init-from=learned: init-from=learned is not among --variants: add learned"),
+    (["sinusoidal", "rope@init-from=rope_concat@concat-max-sentences=8"],
+     "init-from must be the plain name of another variant of --variants, got rope_concat@concat-max-sentences=8"),
+    (["sinusoidal", "rope@init-from=sinus"], "init-from must be the plain name of another variant of --variants, "
+                                             "got sinus"),
+    (["sinusoidal", "rope@max-update=0"], "max-update must be a number of updates >= 1, got 0"),
+    (["sinusoidal", "rope@warmup-updates=-1"], "warmup-updates must be a number of updates >= 0, got -1"),
+    (["sinusoidal", "rope@max-update=1e3"], "max-update takes a whole number, got '1e3'"),
 ])
 def test_a_variants_own_settings_are_checked_as_the_flags_are(capsys, variants, message):
     with pytest.raises(SystemExit) as stop:
@@ -994,3 +1005,70 @@ def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
     assert set(run["decodes"][""]["oracle"]) == {"test x2"}
     table = (out / "results.md").read_text()
     assert f"`{variant}`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table
+
+
+def test_a_variant_can_start_from_another_variants_model():
+    """rope_cross_concat@init-from=sinusoidal,max-update=150: the sinusoidal run of the same seed,
+    fine-tuned for 150 updates, with that budget's warm-up and checkpoints; the runs from scratch
+    keep the settings they had (a rerun reuses them)."""
+    common = ["--raw-dir", "x", "--out-dir", "o", "--max-update", "1500", "--baseline", "sinusoidal"]
+    tuned = "rope_cross_concat@concat-max-sentences=16,init-from=sinusoidal,max-update=150"
+    args = harness.parse_args([*common, "--variants", "rope", "rope_cross_concat@max-update=150,init-from=sinusoidal,"
+                               "concat-max-sentences=16", "sinusoidal", "rope_cross_concat@init-from=rope,"
+                               "max-update=375,warmup-updates=0"])
+    assert args.variants == ["sinusoidal", "rope", tuned, "rope_cross_concat@init-from=rope,max-update=375,warmup-updates=0"]
+    env = harness.run_settings(args, tuned, 1)["recipe_env"]
+    assert (env["MAX_UPDATE"], env["WARMUP_UPDATES"], env["SAVE_INTERVAL_UPDATES"], env["LOG_INTERVAL"]) == (
+        "150", "15", "15", "3")
+    assert env["CONCAT_MAX_SENTENCES"] == "16"
+    own_warmup = harness.run_settings(args, args.variants[3], 1)["recipe_env"]
+    assert (own_warmup["MAX_UPDATE"], own_warmup["WARMUP_UPDATES"], own_warmup["SAVE_INTERVAL_UPDATES"]) == (
+        "375", "0", "37")
+    # a start's model decides the run: its sha256 is in the settings a rerun compares
+    assert harness.run_settings(args, tuned, 1, "ab")["init_from"] == {"variant": "sinusoidal", "sha256": "ab"}
+    assert harness.run_settings(args, tuned, 1, "ab") != harness.run_settings(args, tuned, 1, "cd")
+    alone = harness.parse_args([*common, "--variants", "sinusoidal", "rope"])
+    for plain in ("sinusoidal", "rope"):
+        assert harness.run_settings(args, plain, 1) == harness.run_settings(alone, plain, 1)
+        assert "init_from" not in harness.run_settings(args, plain, 1)
+    # each start before the first run that starts from it, the order of --variants kept otherwise
+    later_start = harness.parse_args([*common, "--variants", "sinusoidal", "rope_cross@init-from=rope", "rope_concat",
+                                      "rope"])
+    assert harness.in_training_order(later_start) == ["sinusoidal", "rope", "rope_cross@init-from=rope",
+                                                      "rope_concat"]
+    # given budgets hold for every variant; else a fine-tuning's own come from its max-update
+    given = harness.parse_args([*common, "--variants", "sinusoidal", "rope@init-from=sinusoidal,max-update=150",
+                                "--warmup-updates", "40", "--save-interval-updates", "50"])
+    env = harness.run_settings(given, given.variants[1], 1)["recipe_env"]
+    assert (env["MAX_UPDATE"], env["WARMUP_UPDATES"], env["SAVE_INTERVAL_UPDATES"]) == ("150", "40", "50")
+
+
+@pytest.mark.e2e
+def test_a_model_fine_tuned_from_another_variant_end_to_end(tiny_data_bin, tmp_path):
+    """sinusoidal, then fine-tuned into rope_cross_concat through train.sh's INIT_FROM: the start
+    is the sinusoidal run's averaged model of the same seed, recorded in the new checkpoint and in
+    the report with the updates both spent; a rerun reuses both runs."""
+    import torch
+
+    out = tmp_path / "compare"
+    tuned = "rope_cross_concat@init-from=sinusoidal,max-update=2"
+    command = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", tuned, "sinusoidal",
+               "--baseline", "sinusoidal", *TINY_RUN, "--length-split", "6", "--joined-groups", "2"]
+    run_cli(command, timeout=500)
+    start = out / "runs" / "sinusoidal" / "seed1" / "averaged.pt"
+    run_dir = out / "runs" / tuned / "seed1"
+    first_line = (run_dir / "train.log").read_text().splitlines()[0]
+    assert f"INIT_FROM={start}" in first_line and "MAX_UPDATE=2" in first_line
+    cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
+    origin = cfg["model"]["rope_init_from"]
+    assert origin["path"] == str(start) and origin["arch"] == "transformer_tiny"
+    assert origin["sha256"] == hashlib.sha256(start.read_bytes()).hexdigest()
+    report = json.loads((out / "results.json").read_text())
+    run = report["results"][tuned][0]
+    assert run["updates"] == {"own": 2, "total": 6} and run["settings"]["init_from"]["sha256"] == origin["sha256"]
+    table = (out / "results.md").read_text()
+    assert f"| `{tuned}` |" in table and "| 2 (6) |" in table
+    assert (f"`{tuned}`: MAX_UPDATE=2 CONCAT_MAX_SENTENCES=3 CONCAT_PROB=0.5 INIT_FROM=sinusoidal "
+            "--rope-cross-attention") in table
+    again = run_cli(command, timeout=300).stdout
+    assert f"{tuned} seed 1: done before, reusing" in again and "sinusoidal seed 1: done before, reusing" in again

@@ -44,7 +44,6 @@ default ``text_tools``).
 """
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -56,7 +55,7 @@ import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
-from fairseq_rope_files import outputs_over_inputs_problem, write_atomically, write_lines_atomically
+from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, write_atomically, write_lines_atomically
 from fairseq_rope_tools import text_lines
 from fairseq_rope_tools.cli import UserError, add_version_argument, command, sayer
 
@@ -255,17 +254,7 @@ def cmd_spm_encode(args):
 RECORD_HEADER = "# prepare.sh step record v1"
 
 
-def fingerprint(path):
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(1 << 22)
-            if not block:
-                break
-            size += len(block)
-            h.update(block)
-    return str(size), h.hexdigest()
+fingerprint = file_fingerprint
 
 
 def _parse_record(text):

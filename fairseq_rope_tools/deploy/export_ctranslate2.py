@@ -60,7 +60,6 @@ at another factor or L, is exported again, never kept.
 import argparse
 import errno
 import glob
-import hashlib
 import json
 import math
 import os
@@ -75,7 +74,7 @@ from fairseq_rope.model_options import model_config, registered_model_name
 from fairseq_rope.modules.rotary import rotary_dim_for
 from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_role
 from fairseq_rope.training_lengths import training_length
-from fairseq_rope_files import outputs_over_inputs_problem, replace_directory
+from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, replace_directory
 from fairseq_rope_tools.cli import UserError, add_version_argument, command
 from fairseq_rope_tools.deploy.ctranslate2_scaling import (
     ExportedScaling,
@@ -216,12 +215,8 @@ def _set_inputs(spec, module, ct2_fairseq):
 
 def _checkpoint_identity(path):
     """The file's real path, and the size and sha256 of the bytes read now."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-            size += len(block)
-    return {"checkpoint": os.path.realpath(path), "size": size, "sha256": digest.hexdigest()}
+    size, sha256 = file_fingerprint(path)
+    return {"checkpoint": os.path.realpath(path), "size": int(size), "sha256": sha256}
 
 
 def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None, data_bin=None,

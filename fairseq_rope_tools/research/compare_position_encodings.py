@@ -40,7 +40,12 @@ training, train.sh's ``CONCAT_MAX_SENTENCES``: ``--concat-max-sentences``, ``--c
 ``--concat-from-epoch``),
 ``rope_randpos`` (``--rope-random-positions R``), ``rope_concat_randpos`` (both); a recipe's
 variant with settings of its own is ``NAME@OPTION=VALUE[,...]`` (``rope_concat@concat-max-sentences=8``),
-so that one report compares several settings of a recipe against one baseline. Data
+so that one report compares several settings of a recipe against one baseline. Any variant can
+also start from another's trained model and have a budget of its own:
+``rope_cross_concat@init-from=sinusoidal,max-update=375[,warmup-updates=N]`` fine-tunes the
+averaged ``sinusoidal`` model of the same seed (train.sh's ``INIT_FROM``) for 375 updates, its
+warm-up and checkpoint interval those of a 375-update training unless given; the report lists the
+updates each model cost with its start's. Data
 (fairseq_rope_tools/research/compare_data.py): ``--prepared-dir WORK_DIR`` (a corpus prepared by
 prepare.sh), ``--quickstart-corpus`` (the synthetic corpus, prepared by prepare.sh here),
 ``--raw-dir DIR`` (whitespace-tokenized text) or ``--data-bin DIR``.
@@ -81,7 +86,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, List, NamedTuple
 
-from fairseq_rope_files import output_dir_problem, write_lines_atomically, write_text_atomically
+from fairseq_rope_files import file_fingerprint, output_dir_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.cli import (
     ArgumentParser,
@@ -150,6 +155,23 @@ RECIPE_OPTIONS = {
     "rope_random_positions": RecipeOption("random_positions", 4.0, float, lambda r: math.isfinite(r) and r > 1.0,
                                           "a number R > 1 (the range of positions, R times a sequence's length)"),
 }
+
+
+class RunOption(NamedTuple):
+    type: type
+    valid: Callable[[object], bool]
+    requirement: str
+
+
+# what any variant can set as its own: where its training starts and how long it runs. A variant
+# with init-from=OTHER starts from OTHER's averaged model of the same seed (train.sh's INIT_FROM),
+# so that "OTHER, then fine-tuned into this" is compared in one report with this from scratch;
+# with its own max-update its warm-up and checkpoint interval default to that budget's.
+RUN_OPTIONS = {
+    "init_from": RunOption(str, lambda name: name in VARIANTS, "the plain name of another variant of --variants"),
+    "max_update": RunOption(int, lambda n: n >= 1, "a number of updates >= 1"),
+    "warmup_updates": RunOption(int, lambda n: n >= 0, "a number of updates >= 0"),
+}
 OWN_SETTINGS = "@"  # rope_concat@concat-max-sentences=8: rope_concat, trained with its own K
 
 
@@ -166,8 +188,8 @@ def variant_spec(variant) -> Variant:
 
 def parse_variant(text):
     """A name of --variants, ``NAME`` or ``NAME@OPTION=VALUE[,OPTION=VALUE]`` with OPTIONs of
-    :data:`RECIPE_OPTIONS` that NAME reads: (its canonical name, {option: value}). A ValueError
-    says what is wrong."""
+    :data:`RECIPE_OPTIONS` that NAME reads and of :data:`RUN_OPTIONS`: (its canonical name,
+    {option: value}). A ValueError says what is wrong."""
     base, own_settings, settings = text.partition(OWN_SETTINGS)
     if base not in VARIANTS:
         raise ValueError(f"unknown variant {base!r}: choose from {', '.join(VARIANTS)}")
@@ -175,23 +197,26 @@ def parse_variant(text):
     for item in settings.split(",") if own_settings else []:
         flag, is_set, value = item.partition("=")
         name = flag.replace("-", "_")
-        if not is_set or name not in RECIPE_OPTIONS:
+        if not is_set or name not in {**RECIPE_OPTIONS, **RUN_OPTIONS}:
             raise ValueError(f"{item!r} is not OPTION=VALUE with OPTION one of "
-                             + ", ".join(n.replace("_", "-") for n in RECIPE_OPTIONS))
-        if not getattr(VARIANTS[base], RECIPE_OPTIONS[name].recipe):
+                             + ", ".join(n.replace("_", "-") for n in {**RECIPE_OPTIONS, **RUN_OPTIONS}))
+        if name in RECIPE_OPTIONS and not getattr(VARIANTS[base], RECIPE_OPTIONS[name].recipe):
             raise ValueError(f"{base} reads no {flag}: it is an option of the variants "
                              + " ".join(recipe_readers(name)))
         if name in own:
             raise ValueError(f"{flag} is given twice")
+        option = RECIPE_OPTIONS.get(name) or RUN_OPTIONS[name]
         try:
-            own[name] = RECIPE_OPTIONS[name].type(value)
+            own[name] = option.type(value)
         except ValueError:
-            kind = "a whole number" if RECIPE_OPTIONS[name].type is int else "a number"
+            kind = "a whole number" if option.type is int else "a number"
             raise ValueError(f"{flag} takes {kind}, got {value!r}") from None
         problem = recipe_value_problem(name, own[name])
         if problem:
             raise ValueError(f"{flag} {problem}")
-    canonical = ",".join(f"{n.replace('_', '-')}={own[n]:g}" for n in RECIPE_OPTIONS if n in own)
+    canonical = ",".join(f"{n.replace('_', '-')}={own[n]:g}" if not isinstance(own[n], str)
+                         else f"{n.replace('_', '-')}={own[n]}"
+                         for n in (*RECIPE_OPTIONS, *RUN_OPTIONS) if n in own)
     return (f"{base}{OWN_SETTINGS}{canonical}" if own else base), own
 
 
@@ -201,14 +226,45 @@ def recipe_readers(name):
 
 
 def recipe_value_problem(name, value):
-    """What is wrong with ``value`` for the recipe option ``name`` (None: nothing)."""
-    option = RECIPE_OPTIONS[name]
-    return None if option.valid(value) else f"must be {option.requirement}, got {value:g}"
+    """What is wrong with ``value`` for the recipe or run option ``name`` (None: nothing)."""
+    option = RECIPE_OPTIONS.get(name) or RUN_OPTIONS[name]
+    shown = value if isinstance(value, str) else f"{value:g}"
+    return None if option.valid(value) else f"must be {option.requirement}, got {shown}"
 
 
 def recipe_value(args, variant, name):
     """The value of the recipe option ``name`` a variant trains with: its own, else the flag's."""
     return args.variant_settings.get(variant, {}).get(name, getattr(args, name))
+
+
+def start_of(args, variant):
+    """The variant of --variants whose averaged model ``variant`` starts from (None: from scratch)."""
+    return args.variant_settings.get(variant, {}).get("init_from")
+
+
+def run_value(args, variant, name):
+    """The training budget ``name`` (max_update, warmup_updates, save_interval_updates) a variant
+    trains with: its own; else the flag's when given, or its default from the variant's max-update."""
+    own = args.variant_settings.get(variant, {})
+    if name in own:
+        return own[name]
+    if name != "max_update" and "max_update" in own and name not in args.given_budget:
+        return budget_defaults(own["max_update"], args.average_last)[name]
+    return getattr(args, name)
+
+
+def budget_defaults(max_update, average_last):
+    """The warm-up and checkpoint interval of a training of ``max_update`` updates when not given."""
+    return {"warmup_updates": max(1, max_update // 10),
+            "save_interval_updates": max(1, max_update // (2 * average_last))}
+
+
+def in_training_order(args):
+    """--variants in their order, but each start before the first variant that starts from it."""
+    ordered = []
+    for variant in args.variants:
+        ordered += [v for v in (start_of(args, variant), variant) if v and v not in ordered]
+    return ordered
 
 
 SIZES = {
@@ -296,27 +352,37 @@ class Decoding:
 # ---------------------------------------------------------------------------------- one run
 
 
-def run_settings(args, variant, seed):
+def run_settings(args, variant, seed, start_sha256=None):
     """Everything that decides a run's trained model (the threads per training aside); each
-    decode's own settings are :func:`decode_settings`."""
+    decode's own settings are :func:`decode_settings`. A variant that starts from another's model
+    is decided by that model too: ``start_sha256``, its averaged.pt's (given once it is trained)."""
     spec = variant_spec(variant)
     flags = spec.flags + (["--rope-random-positions", f"{recipe_value(args, variant, 'rope_random_positions'):g}"]
                           if spec.random_positions else [])
     # the variant that names the model, its own settings in flags and recipe_env: a run of
     # rope_concat@concat-max-sentences=3 is a run of rope_concat with --concat-max-sentences 3
-    return {"variant": base_variant(variant), "seed": seed, "arch": SIZES[args.size][spec.family],
-            "flags": flags, "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
-            "average_last": args.average_last, "data": args.data_source}
+    settings = {"variant": base_variant(variant), "seed": seed, "arch": SIZES[args.size][spec.family],
+                "flags": flags, "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
+                "average_last": args.average_last, "data": args.data_source}
+    if start_of(args, variant):  # only then: the settings of the runs from scratch stay those made before
+        settings["init_from"] = {"variant": start_of(args, variant), "sha256": start_sha256}
+    return settings
+
+
+def start_checkpoint(args, variant, seed):
+    """The averaged model of the run ``variant`` of ``seed`` starts from."""
+    return args.out_dir / "runs" / start_of(args, variant) / f"seed{seed}" / "averaged.pt"
 
 
 def recipe_env(args, variant):
     """The knobs of examples/wmt14_en_de/train.sh the comparison sets for a variant (all else:
     its defaults)."""
-    env = {"MAX_UPDATE": args.max_update, "LR": args.lr, "WARMUP_UPDATES": args.warmup_updates,
-           "UPDATE_FREQ": 1, "SAVE_INTERVAL_UPDATES": args.save_interval_updates,
+    max_update = run_value(args, variant, "max_update")
+    env = {"MAX_UPDATE": max_update, "LR": args.lr, "WARMUP_UPDATES": run_value(args, variant, "warmup_updates"),
+           "UPDATE_FREQ": 1, "SAVE_INTERVAL_UPDATES": run_value(args, variant, "save_interval_updates"),
            "KEEP_INTERVAL_UPDATES": args.average_last,
            # a progress line every 2 % of the way, at most every 100 updates (the recipe's interval)
-           "LOG_INTERVAL": min(100, max(1, args.max_update // 50)),
+           "LOG_INTERVAL": min(100, max(1, max_update // 50)),
            "NUM_WORKERS": 0}
     if args.max_tokens:
         env["MAX_TOKENS"] = args.max_tokens
@@ -479,15 +545,17 @@ def oracle_scores(args, scores, group, line_range, parts, hyps, refs_tok, refs_r
     return {**oracle, "ratio": ratio}
 
 
-def run_one(args, data, variant, seed, slot):
+def run_one(args, data, variant, seed, slot, start=None):
     """Train, average, decode and score one variant with one seed; ``slot``: the environment of
-    the CPU threads or GPU this run may use. A run trained before with the same settings is not
-    trained again: only the decodes that are new or decided by other settings are made."""
+    the CPU threads or GPU this run may use; ``start``: the result of the run it starts from, if
+    any. A run trained before with the same settings is not trained again: only the decodes that
+    are new or decided by other settings are made."""
     name = f"{variant} seed {seed}"
     run_dir = args.out_dir / "runs" / variant / f"seed{seed}"
     result_file = run_dir / "result.json"
     averaged = run_dir / "averaged.pt"
-    settings = run_settings(args, variant, seed)
+    settings = run_settings(args, variant, seed,
+                            start and file_fingerprint(start_checkpoint(args, variant, seed))[1])
     wanted = wanted_decodes(args, variant)
     started = time.time()
     result = json.loads(result_file.read_text()) if result_file.exists() and not args.overwrite else None
@@ -500,7 +568,13 @@ def run_one(args, data, variant, seed, slot):
         log(f"{name}: {result_file} was made by other settings or an older harness; running it again")
         result = None
     if result is None:
-        result = train_and_average(args, data, name, run_dir, settings, averaged, slot)
+        result = train_and_average(args, data, name, run_dir, settings, averaged, slot,
+                                   start and start_checkpoint(args, variant, seed))
+    # the updates the model cost, its start's included (results before this record had no start)
+    own_updates = int(settings["recipe_env"]["MAX_UPDATE"])
+    updates = {"own": own_updates, "total": own_updates + (start["updates"]["total"] if start else 0)}
+    if result.get("updates") != updates:
+        result["updates"] = updates
         # saved now, so that a decode that fails or is interrupted does not cost the training
         write_text_atomically(result_file, json.dumps(result, indent=1))
     elif result.get("decode_settings") == wanted:
@@ -557,10 +631,11 @@ def interrupted_training(run_dir, settings, overwrite):
     return progress["seconds"] if progress.get("settings") == settings else None
 
 
-def train_and_average(args, data, name, run_dir, settings, averaged, slot):
-    """Train one run with the recipe and average its last checkpoints into ``averaged``: the
-    run's result without decodes. An interrupted training of the same settings is resumed from
-    its last checkpoint (train.sh resumes from checkpoint_last.pt), its log continued."""
+def train_and_average(args, data, name, run_dir, settings, averaged, slot, init_from=None):
+    """Train one run with the recipe (from the model ``init_from``, if given) and average its last
+    checkpoints into ``averaged``: the run's result without decodes. An interrupted training of
+    the same settings is resumed from its last checkpoint (train.sh resumes from
+    checkpoint_last.pt), its log continued."""
     save_dir = run_dir / "checkpoints"
     progress_file = run_dir / "training.json"
     seconds_before = interrupted_training(run_dir, settings, args.overwrite)
@@ -568,7 +643,8 @@ def train_and_average(args, data, name, run_dir, settings, averaged, slot):
         shutil.rmtree(run_dir, ignore_errors=True)
         save_dir.mkdir(parents=True)
         seconds_before = 0.0
-        log(f"{name}: training {' '.join([settings['arch'], *settings['flags']])} for {args.max_update} updates "
+        log(f"{name}: training {' '.join([settings['arch'], *settings['flags']])} for "
+            f"{settings['recipe_env']['MAX_UPDATE']} updates" + (f" from {init_from}" if init_from else "") + " "
             f"(log: {run_dir / 'train.log'})")
     else:
         log(f"{name}: resuming its interrupted training from {save_dir / 'checkpoint_last.pt'} "
@@ -578,10 +654,12 @@ def train_and_average(args, data, name, run_dir, settings, averaged, slot):
         write_text_atomically(progress_file, json.dumps({"settings": settings, "seconds": seconds}))
 
     record_elapsed(seconds_before)
-    progress = TrainingProgress(name, args.max_update, seconds_before, record_elapsed)
+    progress = TrainingProgress(name, int(settings["recipe_env"]["MAX_UPDATE"]), seconds_before, record_elapsed)
     env = {**slot, **settings["recipe_env"], "DATA_BIN": str(data.data_bin), "SAVE_DIR": str(save_dir),
            "ARCH": settings["arch"], "SRC": args.source_lang, "TGT": args.target_lang, "SEED": str(settings["seed"]),
            "LOG_FILE": os.devnull}  # train.sh would tee into a log of its own; train.log is ours
+    if init_from is not None:
+        env["INIT_FROM"] = str(init_from)
     # through env(1), so that each attempt's first line in train.log is the complete command to rerun it by hand
     run_logged(["env", *(f"{k}={v}" for k, v in env.items()), "bash", TRAIN_SH, *settings["flags"], *args.train_args],
                run_dir / "train.log", name="train.sh", on_line=progress, append=True)
@@ -628,18 +706,24 @@ def run_all(args, data):
     log(f"{len(args.variants) * len(args.seeds)} runs, {len(planned)} at a time, "
         f"{args.threads} CPU thread(s) each" + (", a GPU each" if planned[0]["GPUS"] == "1" else ""))
 
+    futures = {}
+
     def run(variant, seed):
+        # a run that starts from another waits for it without holding a slot; that run was
+        # submitted before it, so a worker already has it (the pool takes its tasks in order)
+        start = futures[(start_of(args, variant), seed)].result() if start_of(args, variant) else None
         slot = slots.get()
         try:
-            return run_one(args, data, variant, seed, slot)
+            return run_one(args, data, variant, seed, slot, start)
         finally:
             slots.put(slot)
 
     # seed by seed: the runs of one seed finish close together and under the same load, so a
     # comparison stopped half-way already has whole seeds to compare
-    tasks = [(v, s) for s in args.seeds for v in args.variants]
+    tasks = [(v, s) for s in args.seeds for v in in_training_order(args)]
     with ThreadPoolExecutor(max_workers=len(planned)) as pool:
-        futures = {task: pool.submit(run, *task) for task in tasks}
+        for task in tasks:
+            futures[task] = pool.submit(run, *task)
         try:
             done = {task: future.result() for task, future in futures.items()}
         except BaseException as e:
@@ -739,6 +823,15 @@ def check_recipe_options(p, args) -> None:
             p.error(f"{flag} {problem}")
 
 
+def check_starts(p, args) -> None:
+    """init-from names a variant of --variants (a plain name: it starts from scratch itself)."""
+    for variant in args.variants:
+        start = start_of(args, variant)
+        if start and start not in args.variants:
+            p.error(f"--variants {variant}: init-from={start} is not among --variants: add {start} "
+                    "(its model, trained with the same seed, is the start)")
+
+
 def needs_training_length(spec) -> bool:
     """Whether --extrapolation-scaling SPEC reads the training length L (yarn, the dynamic kinds)."""
     from fairseq_rope.modules.rope_scaling import scaling_spec
@@ -763,7 +856,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs="+", default=ENCODINGS, metavar="VARIANT",
                    help=f"any of {' '.join(VARIANTS)} (default: the encodings, {' '.join(ENCODINGS)}); a training "
                         "recipe's variant with settings of its own: NAME@OPTION=VALUE[,OPTION=VALUE] with OPTIONs "
-                        "of the recipe's flags, e.g. rope_concat@concat-max-sentences=8,concat-prob=0.2")
+                        "of the recipe's flags, e.g. rope_concat@concat-max-sentences=8,concat-prob=0.2; and a "
+                        "start and budget of its own: init-from=VARIANT (that variant's model of the same seed, "
+                        "fine-tuned), max-update=N, warmup-updates=N")
     p.add_argument("--baseline", default="sinusoidal", metavar="VARIANT",
                    help="the variant of --variants every other one is tested against (default sinusoidal)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
@@ -848,6 +943,7 @@ def parse_args(argv=None):
             p.error("--ctranslate2-length-buckets needs the test source as text: --prepared-dir, "
                     "--quickstart-corpus or --raw-dir, not --data-bin")
     check_options_take_effect(p, args)
+    check_starts(p, args)
     if args.baseline not in args.variants:
         p.error(f"--baseline {args.baseline} is not among --variants {' '.join(args.variants)}: add it, "
                 "or name one of them with --baseline")
@@ -858,10 +954,11 @@ def parse_args(argv=None):
         p.error(problem)
     if args.threads is None:
         args.threads = max(1, len(os.sched_getaffinity(0)) // args.jobs)
-    if args.warmup_updates is None:
-        args.warmup_updates = max(1, args.max_update // 10)
-    if args.save_interval_updates is None:
-        args.save_interval_updates = max(1, args.max_update // (2 * args.average_last))
+    args.given_budget = [name for name in ("warmup_updates", "save_interval_updates")
+                         if getattr(args, name) is not None]
+    for name, default in budget_defaults(args.max_update, args.average_last).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     args.variants = [args.baseline] + [v for v in dict.fromkeys(args.variants) if v != args.baseline]
     source = next((k, getattr(args, k)) for k in ("prepared_dir", "raw_dir", "data_bin", "quickstart_corpus")
                   if getattr(args, k))

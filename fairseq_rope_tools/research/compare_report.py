@@ -124,6 +124,21 @@ def oracle_overview(report):
     return lines
 
 
+def updates_spent(run):
+    """The updates a run's model cost: its own, and with those of the model it started from."""
+    updates = run.get("updates") or {"own": int(run["settings"]["recipe_env"]["MAX_UPDATE"])}
+    updates.setdefault("total", updates["own"])
+    return f"{updates['own']}" + (f" ({updates['total']})" if updates["total"] != updates["own"] else "")
+
+
+def own_settings(settings, common_env):
+    """A run's own settings: train.sh's knobs that differ from ``common_env`` (the ones every
+    variant is said to share), and its flags."""
+    knobs = [f"{k}={v}" for k, v in settings["recipe_env"].items() if common_env.get(k) != v]
+    start = settings.get("init_from")
+    return knobs + ([f"INIT_FROM={start['variant']}"] if start else []) + settings["flags"]
+
+
 def markdown(args, report):
     results, baseline = report["results"], report["baseline"]
     signatures = results[baseline][0]["decodes"][""].get("signatures", {})
@@ -146,21 +161,23 @@ def markdown(args, report):
         f"References for sacreBLEU and chrF++: {report['references']}.",
         "",
         "## Training", "",
-        "| variant | valid loss | params | train tokens/s | train time (s) |", "|---|---|---|---|---|",
+        "| variant | valid loss | params | train tokens/s | train time (s) | updates (with its start's) |",
+        "|---|---|---|---|---|---|",
     ]
     for variant, runs in results.items():
         stats = report["training"][variant]
         params = runs[0]["params"]
         lines.append(f"| `{variant}` | {fmt_seeds(stats['valid_loss'], 3)} | {f'{params:,}' if params else 'n/a'} | "
-                     f"{fmt_seeds(stats['tokens_per_second'], 0)} | {fmt_seeds(stats['train_seconds'], 0)} |")
-    lines.append("\nValidation loss: label-smoothed cross-entropy (base 2) at the last validation.")
-    recipes = {variant: (runs[0]["settings"]["recipe_env"], runs[0]["settings"]["flags"])
-               for variant, runs in results.items()}
-    own = [f"`{variant}`: " + " ".join([*(f"{k}={v}" for k, v in env.items() if k.startswith("CONCAT_")), *flags])
-           for variant, (env, flags) in recipes.items() if flags or any(k.startswith("CONCAT_") for k in env)]
+                     f"{fmt_seeds(stats['tokens_per_second'], 0)} | {fmt_seeds(stats['train_seconds'], 0)} | "
+                     f"{updates_spent(runs[0])} |")
+    lines.append("\nValidation loss: label-smoothed cross-entropy (base 2) at the last validation. Train time: the "
+                 "variant's own, not its start's.")
+    own = [f"`{variant}`: " + " ".join(own_settings(runs[0]["settings"], common_env))
+           for variant, runs in results.items() if own_settings(runs[0]["settings"], common_env)]
     if own:
-        lines.append("Each variant's own settings (CONCAT_*: train.sh's concatenation training): "
-                     + "; ".join(own) + ".")
+        lines.append("Each variant's own settings (train.sh's knobs where they differ from the above; CONCAT_*: "
+                     "concatenation training; INIT_FROM: the variant whose averaged model of the same seed it "
+                     "started from): " + "; ".join(own) + ".")
     lines += oracle_overview(report)
     names = significance.METRIC_NAMES
     for group, (start, end) in report["groups"].items():
