@@ -38,14 +38,14 @@ SUBWORD_NMT_VOCABULARY = "subword_nmt_vocabulary"
 
 def remove_non_printing(text: str) -> str:
     """remove-non-printing-char.perl: every character of Unicode category C* becomes a space.
-    The recipe's own (fairseq_rope_tools.data.text_tools.remove_non_printing, which must not load
+    The recipe's own (fairseq_rope_tools.text_steps.remove_non_printing, which must not load
     fairseq) is the same line; tests/test_raw_text.py checks that both agree."""
     return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
 
 
 class MosesNormalizedTokenizer(MosesTokenizer):
     """Moses punctuation normalisation, removal of non-printing characters, then fairseq's Moses
-    tokenizer: the recipe's tokenisation (fairseq_rope_tools.data.text_tools.tokenize_line).
+    tokenizer: the recipe's tokenisation (fairseq_rope_tools.text_steps.RecipeTokenizer).
     Decoding is fairseq's Moses detokenizer, as fairseq-rope-translate's."""
 
     def __init__(self, cfg: MosesTokenizerConfig):

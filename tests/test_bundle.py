@@ -10,9 +10,9 @@ import shutil
 import pytest
 from conftest import translate_in_process
 
-from fairseq_rope_tools.data.text_tools import RECORD_HEADER
 from fairseq_rope_tools.deploy import ctranslate2_engine, exported, work_dir
 from fairseq_rope_tools.deploy.segmentation import MOSES_RECIPE
+from fairseq_rope_tools.text_steps import RECORD_HEADER
 
 
 def prepared_work_dir(root, threshold=7):

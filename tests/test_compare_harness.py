@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli_command, run_cli
 
-from fairseq_rope_tools import cli, training_log
-from fairseq_rope_tools.research import compare_data, significance
-from fairseq_rope_tools.research import compare_position_encodings as harness
+from fairseq_rope_tools import cli, metrics, training_log
+from fairseq_rope_tools.checkpoints import score_bleu
+from fairseq_rope_tools.research import significance
+from fairseq_rope_tools.research.compare import cli as compare_cli
+from fairseq_rope_tools.research.compare import data as compare_data
+from fairseq_rope_tools.research.compare import decoding as compare_decoding
+from fairseq_rope_tools.research.compare import runs as compare_runs
+from fairseq_rope_tools.research.compare import schedule as compare_schedule
+from fairseq_rope_tools.research.compare import variants as compare_variants
 
 COMPARE = "fairseq-rope-compare"
 
@@ -122,7 +128,7 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
         for group, lines in parts.items():
             start, end = groups[group]
             assert [" ".join(refs[i] for i in joined) for joined in lines] == refs[start:end]
-            oracle, _ = harness.score_bleu.score_all([" ".join(hyps[i] for i in joined) for joined in lines],
+            oracle, _ = metrics.score_all([" ".join(hyps[i] for i in joined) for joined in lines],
                                                      refs[start:end], refs[start:end], "de")
             assert decode["oracle"][group]["bleu"] == oracle["tokenized_bleu_compound_split"]["score"]
             assert decode["oracle"][group]["chrf"] == oracle["chrf++"]["score"]
@@ -171,7 +177,7 @@ def test_parse_train_log_and_concatenation():
         '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "7.5", "valid_nll_loss": "7", "valid_num_updates": "2"}',
         '2026-01-01 | INFO | valid | {"epoch": 1, "valid_loss": "6.5", "valid_nll_loss": "6", "valid_num_updates": "4"}',
     ])
-    parsed = harness.parse_train_log(log)
+    parsed = training_log.parse_train_log(log)
     assert parsed["params"] == 1234 and parsed["tokens_per_second"] == 200
     assert parsed["valid_curve"] == [[2, 7.5, 7.0], [4, 6.5, 6.0]] and parsed["valid_loss"] == 6.5
     rows = [("a", "A"), ("b", "B"), ("c", "C"), ("d", "D"), ("e", "E")]
@@ -205,15 +211,15 @@ def test_bucketed_scores():
         target_lang, length_buckets = "de", [2]
 
     rows = [("x y", "a b c d", "a b c d"), ("x y z w", "q r s t", "a b c d")]
-    data = harness.compare_data.TestData(None, {"test": [0, 2]}, None, None, [])
-    scores, _ = harness.score_decode(Args, data, rows, ["a b c d", "a b c d"], ["a b c d", "a b c d"])
+    data = compare_data.TestData(None, {"test": [0, 2]}, None, None, [])
+    scores, _ = compare_decoding.score_decode(Args, data, rows, ["a b c d", "a b c d"], ["a b c d", "a b c d"])
     assert scores["bleu_by_length"]["1-2"] == {"bleu": pytest.approx(100.0), "sentences": 1}
     assert scores["bleu_by_length"][">2"]["bleu"] == pytest.approx(0.0)
 
 
 def test_extrapolation_scalings_take_a_factor_as_their_specs_say():
-    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", "dynamic-ntk", "ntk:2"])
-    assert harness.extra_decodes(args, "rope") == {
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", "dynamic-ntk", "ntk:2"])
+    assert compare_decoding.extra_decodes(args, "rope") == {
         "": None, "+dynamic-ntk": {"rope_scaling": "dynamic-ntk"},
         "+ntkx2": {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}}
 
@@ -253,24 +259,24 @@ def test_ctranslate2_length_buckets_decode_beside_fairseq_and_record_their_time(
                                  ["--raw-dir", "x", "--generate-args"]])
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(SystemExit):
-        harness.parse_args([*bad, "--out-dir", "o"])
+        compare_cli.parse_args([*bad, "--out-dir", "o"])
 
 
 def test_pass_through_arguments_take_single_options():
     """`--generate-args --remove-bpe` and `--train-args --encoder-learned-pos` are values, not
     options of the harness (argparse alone stops with 'expected one argument')."""
-    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args", "--remove-bpe",
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args", "--remove-bpe",
                                "--train-args", "--encoder-learned-pos", "--seeds", "2",
                                "--train-args", "--encoder-embed-dim 32 --decoder-embed-dim 32"])
     assert args.generate_args == ["--remove-bpe"] and args.seeds == [2]
     assert args.train_args == ["--encoder-learned-pos", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32"]
-    assert harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args=--quiet"]).generate_args == ["--quiet"]
+    assert compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--generate-args=--quiet"]).generate_args == ["--quiet"]
 
 
 def test_job_slots_split_threads_or_give_each_a_gpu():
-    cpu = harness.job_slots(2, 3, [])
+    cpu = compare_schedule.job_slots(2, 3, [])
     assert [s["OMP_NUM_THREADS"] for s in cpu] == ["3", "3"] and all(s["CPU"] == "1" for s in cpu)
-    gpu = harness.job_slots(4, 1, ["2", "5"])  # at most one run per GPU
+    gpu = compare_schedule.job_slots(4, 1, ["2", "5"])  # at most one run per GPU
     assert [s["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["2", "5"] and all(s["GPUS"] == "1" for s in gpu)
 
 
@@ -445,7 +451,6 @@ def test_prepared_dir_end_to_end_and_jobs_give_the_same_numbers(prepared_quickst
 
     run_dir = tmp_path / "parallel" / "runs" / "sinusoidal" / "seed2"
     assert f"{shlex.quote(str(work / 'data-bin'))} " in (run_dir / "generate.log").read_text().splitlines()[0]
-    score_bleu = harness.score_bleu
     expected = score_bleu.run(["--hyp", str(run_dir / "hyp.tok.txt"), "--ref", str(work / "tok" / "test.de"),
                                 "--raw-ref", str(work / "raw" / "test.de")])
     result = json.loads((run_dir / "result.json").read_text())["decodes"][""]
@@ -465,9 +470,9 @@ def test_length_split_of_a_prepared_corpus(prepared_quickstart, tmp_path):
     """--length-split on a prepared corpus: lengths in words of the tokenized text, the BPE text
     binarized with the corpus's own dictionary, references joined like the sources."""
     work, _ = prepared_quickstart
-    args = harness.parse_args(["--prepared-dir", str(work), "--out-dir", str(tmp_path), "--length-split", "12"])
+    args = compare_cli.parse_args(["--prepared-dir", str(work), "--out-dir", str(tmp_path), "--length-split", "12"])
     args.out_dir = tmp_path
-    data = harness.compare_data.prepare(args, lambda message: None)
+    data = compare_data.prepare(args, lambda message: None)
     assert list(data.groups) == ["test <= 12", "test > 12", "test x2", "test x3"]
     assert data.generate_args == ["--remove-bpe"]
     assert (tmp_path / "data-bin" / "dict.en.txt").read_text() == (work / "data-bin" / "dict.en.txt").read_text()
@@ -555,23 +560,23 @@ def test_a_killed_training_resumes_from_its_last_checkpoint(tiny_data_bin, tmp_p
 
 def test_only_an_interrupted_training_of_the_same_settings_is_resumed(tmp_path):
     settings = {"variant": "rope", "seed": 1}
-    assert harness.interrupted_training(tmp_path, settings, overwrite=False) is None  # nothing there
+    assert compare_runs.interrupted_training(tmp_path, settings, overwrite=False) is None  # nothing there
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "checkpoint_last.pt").write_bytes(b"")
     (tmp_path / "training.json").write_text(json.dumps({"settings": settings, "seconds": 61.5}))
-    assert harness.interrupted_training(tmp_path, settings, overwrite=False) == 61.5
-    assert harness.interrupted_training(tmp_path, settings, overwrite=True) is None
-    assert harness.interrupted_training(tmp_path, {**settings, "seed": 2}, overwrite=False) is None
+    assert compare_runs.interrupted_training(tmp_path, settings, overwrite=False) == 61.5
+    assert compare_runs.interrupted_training(tmp_path, settings, overwrite=True) is None
+    assert compare_runs.interrupted_training(tmp_path, {**settings, "seed": 2}, overwrite=False) is None
     (tmp_path / "training.json").write_text('{"settings": ')  # cut short: trained again, from scratch
-    assert harness.interrupted_training(tmp_path, settings, overwrite=False) is None
+    assert compare_runs.interrupted_training(tmp_path, settings, overwrite=False) is None
 
 
 # ---------------------------------------------------------------- issue 34: what the harness writes and refuses
 
 def _refused(capsys, argv, status=2):
-    """harness.main(argv) must stop with ``status`` before any work; returns its stderr."""
+    """compare_cli.main(argv) must stop with ``status`` before any work; returns its stderr."""
     with pytest.raises(SystemExit) as stop:
-        harness.main(argv)
+        compare_cli.main(argv)
     assert stop.value.code == status
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -593,7 +598,7 @@ def no_real_commands(monkeypatch):
         raise AssertionError("the harness went on to train")
 
     monkeypatch.setattr(compare_data, "run_logged", preprocess)
-    monkeypatch.setattr(harness, "run_all", no_training)
+    monkeypatch.setattr(compare_cli, "run_all", no_training)
 
 
 def _raw_dir(directory, test_target="C D"):
@@ -649,15 +654,15 @@ def test_case1_a_data_bin_or_text_the_harness_did_not_make_is_refused(tmp_path, 
             f"{compare_data.MARKER}), and the comparison replaces {name}/ as a whole") in err
     assert _tree(out) == {f"{name}/dict.en.txt": f"made by {made_by}\n".encode()}
     # where the harness binarizes nothing, a data-bin beside its runs is no concern of its
-    args = harness.parse_args(["--data-bin", str(out / name), "--out-dir", str(out)])
-    assert compare_data.out_dir_problem(args, harness.harness_outputs(args)) is None
+    args = compare_cli.parse_args(["--data-bin", str(out / name), "--out-dir", str(out)])
+    assert compare_data.out_dir_problem(args, compare_cli.harness_outputs(args)) is None
 
 
 def test_case1_the_harness_marks_what_it_binarizes_and_replaces_it_on_a_rerun(tmp_path, no_real_commands):
     raw, out = _raw_dir(tmp_path / "raw"), tmp_path / "out"
-    args = harness.parse_args(["--raw-dir", str(raw), "--out-dir", str(out)])
+    args = compare_cli.parse_args(["--raw-dir", str(raw), "--out-dir", str(out)])
     for _ in range(2):
-        assert compare_data.out_dir_problem(args, harness.harness_outputs(args)) is None
+        assert compare_data.out_dir_problem(args, compare_cli.harness_outputs(args)) is None
         data = compare_data.prepare(args, lambda message: None)
         assert data.data_bin == out / "data-bin"
         assert (out / "text" / compare_data.MARKER).is_file() and (out / "data-bin" / compare_data.MARKER).is_file()
@@ -690,7 +695,7 @@ def test_case6_the_training_length_reaches_the_bucket_export(tmp_path, monkeypat
     """Case 6: --rope-scaling-original-length L --ctranslate2-length-buckets gave L to fairseq's
     decodes only; the bucket export then failed on a checkpoint that records no L."""
     def parsed(*extra):
-        return harness.parse_args(["--raw-dir", "x", "--out-dir", str(tmp_path), "--variants", "rope", "--baseline",
+        return compare_cli.parse_args(["--raw-dir", "x", "--out-dir", str(tmp_path), "--variants", "rope", "--baseline",
                                    "rope", "--max-len-a", "0", "--ctranslate2-length-buckets", "2", *extra])
 
     commands = []
@@ -702,19 +707,19 @@ def test_case6_the_training_length_reaches_the_bucket_export(tmp_path, monkeypat
         commands.append([str(c) for c in cmd])
         raise Exported
 
-    monkeypatch.setattr(harness, "run_logged", run_logged)
+    monkeypatch.setattr(compare_decoding, "run_logged", run_logged)
     data = compare_data.TestData(tmp_path / "data-bin", {"test": [0, 1]}, None, None, [], tmp_path / "test.en")
     for args in (parsed("--rope-scaling-original-length", "9"), parsed()):
-        settings = harness.wanted_decodes(args, "rope")[harness.CT2_BUCKETS]
+        settings = compare_decoding.wanted_decodes(args, "rope")[compare_decoding.CT2_BUCKETS]
         with pytest.raises(Exported):
-            harness.decode_with_ctranslate2(args, data, tmp_path / "averaged.pt", settings, tmp_path / "log", "rope",
+            compare_decoding.decode_with_ctranslate2(args, data, tmp_path / "averaged.pt", settings, tmp_path / "log", "rope",
                                             {}, tmp_path)
     given, recorded = commands
     assert given[0] == "fairseq-rope-export" and given[given.index("--rope-scaling-original-length") + 1] == "9"
     assert "--rope-scaling-original-length" not in recorded  # the checkpoint's own L
     # another L is another decode: a rerun exports and decodes again
-    assert harness.wanted_decodes(parsed("--rope-scaling-original-length", "10"), "rope") != \
-        harness.wanted_decodes(parsed("--rope-scaling-original-length", "9"), "rope")
+    assert compare_decoding.wanted_decodes(parsed("--rope-scaling-original-length", "10"), "rope") != \
+        compare_decoding.wanted_decodes(parsed("--rope-scaling-original-length", "9"), "rope")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -732,7 +737,7 @@ def test_case6_the_training_length_reaches_the_bucket_export(tmp_path, monkeypat
 ])
 def test_case6_options_that_would_change_nothing_are_refused(capsys, bad, message):
     with pytest.raises(SystemExit) as stop:
-        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
+        compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -841,9 +846,9 @@ def test_the_oracle_is_the_score_of_the_same_decodes_single_hypotheses_joined():
     rows = [(r, h, r) for h, r in zip(hyps, refs)]
     data = compare_data.TestData(None, {"test <= 4": [0, 4], "test x2": [4, 6]}, refs, refs, [],
                                  joined={"test x2": [[0, 1], [2, 3]]})
-    scores, _ = harness.score_decode(Args, data, rows, refs, refs)
+    scores, _ = compare_decoding.score_decode(Args, data, rows, refs, refs)
     oracle = scores["oracle"]["test x2"]
-    expected, _ = harness.score_bleu.score_all([f"{single_hyps[0]} {single_hyps[1]}", f"{single_hyps[2]} {single_hyps[3]}"],
+    expected, _ = metrics.score_all([f"{single_hyps[0]} {single_hyps[1]}", f"{single_hyps[2]} {single_hyps[3]}"],
                                                pairs, pairs, "de")
     assert oracle["bleu"] == expected["tokenized_bleu_compound_split"]["score"]
     assert oracle["sacrebleu"] == expected["sacrebleu"]["score"] and oracle["chrf"] == expected["chrf++"]["score"]
@@ -853,7 +858,7 @@ def test_the_oracle_is_the_score_of_the_same_decodes_single_hypotheses_joined():
     assert set(scores["oracle"]) == {"test x2"}  # the single sentences' own group has none
     # all single sentences perfect: the oracle is the references themselves
     perfect = [(r, r, r) for r in singles] + rows[4:]
-    assert harness.score_decode(Args, data, perfect, refs, refs)[0]["oracle"]["test x2"]["bleu"] == pytest.approx(100)
+    assert compare_decoding.score_decode(Args, data, perfect, refs, refs)[0]["oracle"]["test x2"]["bleu"] == pytest.approx(100)
 
 
 def test_joined_groups_know_the_single_sentences_they_join():
@@ -887,64 +892,64 @@ def test_joined_groups_know_the_single_sentences_they_join():
 ])
 def test_options_of_the_long_input_recipes_that_would_change_nothing_are_refused(capsys, bad, message):
     with pytest.raises(SystemExit) as stop:
-        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
+        compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", *bad])
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_the_long_input_recipes_train_through_the_recipes_knob_and_the_plugins_flag():
-    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8", "--joined-groups", "8", "2",
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8", "--joined-groups", "8", "2",
                                "6", "3", "--variants", "rope", "sinusoidal_concat", "rope_concat",
                                "rope_concat_randpos", "--baseline", "rope_concat", "--concat-prob", "0.3",
                                "--extrapolation-scaling", "dynamic-yarn"])
     assert args.joined_groups == [2, 3, 6, 8] and args.variants[0] == "rope_concat"
-    concat = harness.run_settings(args, "rope_concat", 1)
+    concat = compare_runs.run_settings(args, "rope_concat", 1)
     assert concat["arch"] == "transformer_rope_tiny" and concat["flags"] == []
     assert concat["recipe_env"]["CONCAT_MAX_SENTENCES"] == "3" and concat["recipe_env"]["CONCAT_PROB"] == "0.3"
-    assert harness.run_settings(args, "sinusoidal_concat", 1)["arch"] == "transformer_tiny"
-    both = harness.run_settings(args, "rope_concat_randpos", 1)
+    assert compare_runs.run_settings(args, "sinusoidal_concat", 1)["arch"] == "transformer_tiny"
+    both = compare_runs.run_settings(args, "rope_concat_randpos", 1)
     assert both["flags"] == ["--rope-random-positions", "4"] and both["recipe_env"] == concat["recipe_env"]
     # the encodings' runs have the settings they had: a rerun reuses their trained models
-    plain = harness.run_settings(args, "rope", 1)
+    plain = compare_runs.run_settings(args, "rope", 1)
     assert plain["flags"] == [] and not any(k.startswith("CONCAT") for k in plain["recipe_env"])
     # the joined groups decide the test set: a decode of other groups is made again
-    assert harness.decode_settings(args, None)["joined_groups"] == [2, 3, 6, 8]
-    assert set(harness.extra_decodes(args, "rope_concat_randpos")) == {"", "+dynamic-yarn"}
-    assert set(harness.extra_decodes(args, "sinusoidal_concat")) == {""}
+    assert compare_decoding.decode_settings(args, None)["joined_groups"] == [2, 3, 6, 8]
+    assert set(compare_decoding.extra_decodes(args, "rope_concat_randpos")) == {"", "+dynamic-yarn"}
+    assert set(compare_decoding.extra_decodes(args, "sinusoidal_concat")) == {""}
     # RoPE in the encoder-decoder attention too, named only: with and without concatenation
-    cross = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_cross", "rope_cross_concat",
+    cross = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_cross", "rope_cross_concat",
                                 "--baseline", "rope_cross"])
-    assert harness.run_settings(cross, "rope_cross", 1)["flags"] == ["--rope-cross-attention"]
-    cross_concat = harness.run_settings(cross, "rope_cross_concat", 1)
+    assert compare_runs.run_settings(cross, "rope_cross", 1)["flags"] == ["--rope-cross-attention"]
+    cross_concat = compare_runs.run_settings(cross, "rope_cross_concat", 1)
     assert cross_concat["flags"] == ["--rope-cross-attention"] and cross_concat["recipe_env"]["CONCAT_MAX_SENTENCES"] == "3"
-    default = harness.parse_args(["--raw-dir", "x", "--out-dir", "o"])
+    default = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o"])
     assert default.variants == ["sinusoidal", "learned", "none", "rpe", "rope", "roper", "rope_linear"]
-    assert "joined_groups" not in harness.decode_settings(default, None)  # no length split: no groups
-    assert harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8"]).joined_groups == [2, 3]
+    assert "joined_groups" not in compare_decoding.decode_settings(default, None)  # no length split: no groups
+    assert compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--length-split", "8"]).joined_groups == [2, 3]
 
 
 def test_a_recipes_variant_takes_settings_of_its_own():
     """rope_concat@concat-max-sentences=8 beside rope_concat: one comparison, one baseline, each
     run with its own K; a run of the same model under another name is reused (same settings)."""
-    args = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope",
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope",
                                "rope_concat@concat-prob=0.20,concat-max-sentences=16", "rope_concat",
                                "rope_concat_randpos@rope-random-positions=2", "--baseline", "rope_concat",
                                "--concat-max-sentences", "8"])
     own = "rope_concat@concat-max-sentences=16,concat-prob=0.2"  # canonical: the options' order, numbers as %g
     assert args.variants == ["rope_concat", "rope", own, "rope_concat_randpos@rope-random-positions=2"]
-    env = {v: harness.run_settings(args, v, 1)["recipe_env"] for v in args.variants}
+    env = {v: compare_runs.run_settings(args, v, 1)["recipe_env"] for v in args.variants}
     assert (env["rope_concat"]["CONCAT_MAX_SENTENCES"], env["rope_concat"]["CONCAT_PROB"]) == ("8", "0.5")
     assert (env[own]["CONCAT_MAX_SENTENCES"], env[own]["CONCAT_PROB"]) == ("16", "0.2")
-    randpos = harness.run_settings(args, "rope_concat_randpos@rope-random-positions=2", 1)
+    randpos = compare_runs.run_settings(args, "rope_concat_randpos@rope-random-positions=2", 1)
     assert randpos["flags"] == ["--rope-random-positions", "2"] and randpos["recipe_env"] == env["rope_concat"]
-    assert set(harness.extra_decodes(args, own)) == {""} and harness.variant_spec(own).family == "transformer_rope"
-    renamed = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants",
+    assert set(compare_decoding.extra_decodes(args, own)) == {""} and compare_variants.variant_spec(own).family == "transformer_rope"
+    renamed = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants",
                                   "rope_concat@concat-max-sentences=8", "--baseline", "rope_concat@concat-max-sentences=8"])
-    assert harness.run_settings(renamed, renamed.variants[0], 1) == harness.run_settings(args, "rope_concat", 1)
+    assert compare_runs.run_settings(renamed, renamed.variants[0], 1) == compare_runs.run_settings(args, "rope_concat", 1)
     # joins from a later epoch: train.sh's CONCAT_FROM_EPOCH, absent at its default (the runs made before it)
-    later = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_concat",
+    later = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--variants", "rope_concat",
                                 "rope_concat@concat-from-epoch=5", "--baseline", "rope_concat"])
-    assert harness.run_settings(later, "rope_concat@concat-from-epoch=5", 1)["recipe_env"]["CONCAT_FROM_EPOCH"] == "5"
-    assert "CONCAT_FROM_EPOCH" not in harness.run_settings(later, "rope_concat", 1)["recipe_env"]
+    assert compare_runs.run_settings(later, "rope_concat@concat-from-epoch=5", 1)["recipe_env"]["CONCAT_FROM_EPOCH"] == "5"
+    assert "CONCAT_FROM_EPOCH" not in compare_runs.run_settings(later, "rope_concat", 1)["recipe_env"]
 
 
 @pytest.mark.parametrize("variants, message", [
@@ -976,7 +981,7 @@ def test_a_recipes_variant_takes_settings_of_its_own():
 ])
 def test_a_variants_own_settings_are_checked_as_the_flags_are(capsys, variants, message):
     with pytest.raises(SystemExit) as stop:
-        harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--baseline", variants[0], "--variants", *variants])
+        compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--baseline", variants[0], "--variants", *variants])
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -1013,33 +1018,33 @@ def test_a_variant_can_start_from_another_variants_model():
     keep the settings they had (a rerun reuses them)."""
     common = ["--raw-dir", "x", "--out-dir", "o", "--max-update", "1500", "--baseline", "sinusoidal"]
     tuned = "rope_cross_concat@concat-max-sentences=16,init-from=sinusoidal,max-update=150"
-    args = harness.parse_args([*common, "--variants", "rope", "rope_cross_concat@max-update=150,init-from=sinusoidal,"
+    args = compare_cli.parse_args([*common, "--variants", "rope", "rope_cross_concat@max-update=150,init-from=sinusoidal,"
                                "concat-max-sentences=16", "sinusoidal", "rope_cross_concat@init-from=rope,"
                                "max-update=375,warmup-updates=0"])
     assert args.variants == ["sinusoidal", "rope", tuned, "rope_cross_concat@init-from=rope,max-update=375,warmup-updates=0"]
-    env = harness.run_settings(args, tuned, 1)["recipe_env"]
+    env = compare_runs.run_settings(args, tuned, 1)["recipe_env"]
     assert (env["MAX_UPDATE"], env["WARMUP_UPDATES"], env["SAVE_INTERVAL_UPDATES"], env["LOG_INTERVAL"]) == (
         "150", "15", "15", "3")
     assert env["CONCAT_MAX_SENTENCES"] == "16"
-    own_warmup = harness.run_settings(args, args.variants[3], 1)["recipe_env"]
+    own_warmup = compare_runs.run_settings(args, args.variants[3], 1)["recipe_env"]
     assert (own_warmup["MAX_UPDATE"], own_warmup["WARMUP_UPDATES"], own_warmup["SAVE_INTERVAL_UPDATES"]) == (
         "375", "0", "37")
     # a start's model decides the run: its sha256 is in the settings a rerun compares
-    assert harness.run_settings(args, tuned, 1, "ab")["init_from"] == {"variant": "sinusoidal", "sha256": "ab"}
-    assert harness.run_settings(args, tuned, 1, "ab") != harness.run_settings(args, tuned, 1, "cd")
-    alone = harness.parse_args([*common, "--variants", "sinusoidal", "rope"])
+    assert compare_runs.run_settings(args, tuned, 1, "ab")["init_from"] == {"variant": "sinusoidal", "sha256": "ab"}
+    assert compare_runs.run_settings(args, tuned, 1, "ab") != compare_runs.run_settings(args, tuned, 1, "cd")
+    alone = compare_cli.parse_args([*common, "--variants", "sinusoidal", "rope"])
     for plain in ("sinusoidal", "rope"):
-        assert harness.run_settings(args, plain, 1) == harness.run_settings(alone, plain, 1)
-        assert "init_from" not in harness.run_settings(args, plain, 1)
+        assert compare_runs.run_settings(args, plain, 1) == compare_runs.run_settings(alone, plain, 1)
+        assert "init_from" not in compare_runs.run_settings(args, plain, 1)
     # each start before the first run that starts from it, the order of --variants kept otherwise
-    later_start = harness.parse_args([*common, "--variants", "sinusoidal", "rope_cross@init-from=rope", "rope_concat",
+    later_start = compare_cli.parse_args([*common, "--variants", "sinusoidal", "rope_cross@init-from=rope", "rope_concat",
                                       "rope"])
-    assert harness.in_training_order(later_start) == ["sinusoidal", "rope", "rope_cross@init-from=rope",
+    assert compare_variants.in_training_order(later_start) == ["sinusoidal", "rope", "rope_cross@init-from=rope",
                                                       "rope_concat"]
     # given budgets hold for every variant; else a fine-tuning's own come from its max-update
-    given = harness.parse_args([*common, "--variants", "sinusoidal", "rope@init-from=sinusoidal,max-update=150",
+    given = compare_cli.parse_args([*common, "--variants", "sinusoidal", "rope@init-from=sinusoidal,max-update=150",
                                 "--warmup-updates", "40", "--save-interval-updates", "50"])
-    env = harness.run_settings(given, given.variants[1], 1)["recipe_env"]
+    env = compare_runs.run_settings(given, given.variants[1], 1)["recipe_env"]
     assert (env["MAX_UPDATE"], env["WARMUP_UPDATES"], env["SAVE_INTERVAL_UPDATES"]) == ("150", "40", "50")
 
 

@@ -20,7 +20,7 @@ import fairseq_rope_files as files
 from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.data import gettext_corpus
 from fairseq_rope_tools.data import text_tools as tt
-from fairseq_rope_tools.research import compare_position_encodings as harness
+from fairseq_rope_tools.research.compare import cli as compare_cli
 
 MESSAGES = {f"message number {i} here": f"Nachricht Nummer {i} hier" for i in range(40)}
 
@@ -275,7 +275,7 @@ def _out_dir_cases(tmp_path, monkeypatch):
     raw.mkdir()
     return {"gettext": (gettext_corpus.main, ["--mo", str(mo)]),
             "generate": (gc.main, ["--train-size", "5"]),
-            "harness": (harness.main, ["--raw-dir", str(raw)])}
+            "harness": (compare_cli.main, ["--raw-dir", str(raw)])}
 
 
 @pytest.mark.parametrize("tool", ["gettext", "generate", "harness"])

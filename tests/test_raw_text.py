@@ -20,11 +20,12 @@ import fairseq_rope  # noqa: F401  (registers the encoders)
 from fairseq_rope import third_party_warnings
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.text_encoders import remove_non_printing
-from fairseq_rope_tools.checkpoints.score_bleu import moses_detokenize
-from fairseq_rope_tools.data import text_tools
+from fairseq_rope_tools import text_steps
 from fairseq_rope_tools.deploy import pretrained_layout as layout_py
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.work_dir import dict_tokens, segmentation_of
+from fairseq_rope_tools.metrics import moses_detokenize
+from fairseq_rope_tools.text_steps import RecipeTokenizer
 
 # what the recipe's steps change: typographic quotes and apostrophes, a dash, an ellipsis, a
 # zero-width space and a soft hyphen (non-printing), an apostrophe that escaping would turn into
@@ -48,8 +49,7 @@ def encoder(kind, **options):
 # --- the tokenizer ------------------------------------------------------------------------------
 def test_moses_normalized_tokenizes_as_the_recipe_and_detokenizes_as_translate():
     tokenizer = encoder("tokenizer", name="moses_normalized")
-    text_tools._init_tokenizer("en")
-    recipe = [text_tools.tokenize_line(line) for line in TRICKY]
+    recipe = [RecipeTokenizer("en")(line) for line in TRICKY]
     assert [tokenizer.encode(line) for line in TRICKY] == recipe
     assert recipe[0] == 'The teacher \'s " well @-@ known " dog - a friend of the cats - sees 12,5 houses ...'
     assert "&apos;" not in recipe[1]
@@ -61,10 +61,10 @@ def test_moses_normalized_tokenizes_as_the_recipe_and_detokenizes_as_translate()
 
 
 def test_remove_non_printing_is_the_recipes():
-    """The plugin's copy (it cannot import the tools) and text_tools' agree on every code point of
+    """The plugin's copy (it cannot import the tools) and text_steps' agree on every code point of
     the Basic Multilingual Plane, control and format characters included."""
     text = "".join(map(chr, range(1, 0xD800))) + "".join(map(chr, range(0xE000, 0x10000)))
-    assert remove_non_printing(text) == text_tools.remove_non_printing(text)
+    assert remove_non_printing(text) == text_steps.remove_non_printing(text)
     assert remove_non_printing("a\u200bb\u00adc\td") == "a b c d"
     assert all(unicodedata.category(ch)[0] != "C" for ch in remove_non_printing(text).replace(" ", ""))
 

@@ -110,7 +110,8 @@ def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeyp
     """fairseq-rope-export and fairseq-rope-compare read the registry too: the exporter refuses
     or expresses the kind as its table says, the harness decodes with it."""
     from fairseq_rope_tools.deploy import export_ctranslate2
-    from fairseq_rope_tools.research import compare_position_encodings as harness
+    from fairseq_rope_tools.research.compare import cli as compare_cli
+    from fairseq_rope_tools.research.compare import decoding as compare_decoding
 
     _, args = parse("--rope-scaling", toy.name, "--rope-scaling-factor", "4", "--rope-scaling-original-length", "16")
     assert export_ctranslate2._rotary_scaling(args).attributes == {"rotary_scaling_type": "Linear",
@@ -120,7 +121,7 @@ def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeyp
                                                                "scalings do not include it"):
         export_ctranslate2.check_exportable(args)
 
-    compared = harness.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", f"{toy.name}:4",
+    compared = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", f"{toy.name}:4",
                                    "--rope-scaling-original-length", "16"])
-    assert harness.extra_decodes(compared, "rope")[f"+{toy.name}x4"] == {
+    assert compare_decoding.extra_decodes(compared, "rope")[f"+{toy.name}x4"] == {
         "rope_scaling": toy.name, "rope_scaling_factor": 4.0, "rope_scaling_original_length": 16}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_rope_tools import metrics
 from fairseq_rope_tools.checkpoints import score_bleu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,17 +20,17 @@ def _write(path, lines):
 
 
 def test_compound_split_is_the_standard_rewrite():
-    assert score_bleu.compound_split("ein gut-bekannter Test") == "ein gut ##AT##-##AT## bekannter Test"
+    assert metrics.compound_split("ein gut-bekannter Test") == "ein gut ##AT##-##AT## bekannter Test"
     # Moses -a output: the "@-@" token itself is rewritten, as fairseq's compound_split_bleu.sh does
-    assert score_bleu.compound_split("gut @-@ bekannter") == "gut @ ##AT##-##AT## @ bekannter"
+    assert metrics.compound_split("gut @-@ bekannter") == "gut @ ##AT##-##AT## @ bekannter"
     # no rewrite next to spaces; non-overlapping matches like perl's s///g
-    assert score_bleu.compound_split("a - b -c d-") == "a - b -c d-"
-    assert score_bleu.compound_split("a-b-c") == "a ##AT##-##AT## b-c"
+    assert metrics.compound_split("a - b -c d-") == "a - b -c d-"
+    assert metrics.compound_split("a-b-c") == "a ##AT##-##AT## b-c"
 
 
 def test_tokenized_bleu_by_hand():
     # hyp drops one "the": n-gram matches 5/5, 3/4, 2/3, 1/2; BP = exp(1 - 6/5)
-    score, _ = score_bleu.tokenized_bleu(["the cat sat on mat"], ["the cat sat on the mat"])
+    score, _ = metrics.tokenized_bleu(["the cat sat on mat"], ["the cat sat on the mat"])
     expected = 100 * math.exp(1 - 6 / 5) * (5 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25
     assert score.score == pytest.approx(expected, abs=1e-6)
     assert score.sys_len == 5 and score.ref_len == 6
@@ -39,7 +40,7 @@ def test_compound_splitting_changes_the_score_as_computed_by_hand():
     ref = ["das ist ein gut-bekannter Test für alle"]
     hyp = ["das ist ein gut-erzogener Test für alle"]
     # after splitting, 9 tokens each; matches 8/9, 6/8, 4/7, 2/6
-    score, _ = score_bleu.tokenized_bleu(hyp, ref)
+    score, _ = metrics.tokenized_bleu(hyp, ref)
     assert score.score == pytest.approx(100 * (8 / 9 * 6 / 8 * 4 / 7 * 2 / 6) ** 0.25, abs=1e-6)
     assert score.sys_len == 9
     # without the split no 4-gram matches: multi-bleu (no smoothing) gives 0
@@ -101,12 +102,12 @@ def test_score_all_is_what_the_cli_computes(tmp_path):
     hyps = ["Der Hund sieht die Katze .", "Das ist ein gut @-@ bekannter Test ."]
     refs = ["Der Hund sieht eine Katze .", "Das ist ein gut @-@ bekannter Test ."]
     raw = ["Der Hund sieht eine Katze.", "Das ist ein gut-bekannter Test."]
-    scores, detok = score_bleu.score_all(hyps, refs, raw, "de")
+    scores, detok = metrics.score_all(hyps, refs, raw, "de")
     assert detok == ["Der Hund sieht die Katze.", "Das ist ein gut-bekannter Test."]
     cli = score_bleu.run(["--hyp", str(_write(tmp_path / "h", hyps)), "--ref", str(_write(tmp_path / "r", refs)),
                            "--raw-ref", str(_write(tmp_path / "raw", raw)), "--lang", "de"])
     assert scores == cli and 0 < scores["chrf++"]["score"] < 100
-    assert score_bleu.score_all(hyps, refs)[0] == {"tokenized_bleu_compound_split": cli["tokenized_bleu_compound_split"]}
+    assert metrics.score_all(hyps, refs)[0] == {"tokenized_bleu_compound_split": cli["tokenized_bleu_compound_split"]}
 
 
 def test_cli_tokenize_option(tmp_path):

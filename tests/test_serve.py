@@ -349,10 +349,12 @@ def test_the_load_benchmark_reports_the_server_against_the_batch_command(bundle,
     for row in report["server"]:
         assert row["identical_to_batch_command"] == 40
         assert 0 < row["latency_p50_ms"] <= row["latency_p95_ms"]
+        # the speeds are reported to 0.1 sentence/s: on a loaded machine (a few sentences/s) that
+        # rounding alone moves their ratio by up to about 1 %
         assert row["share_of_batch_decoding"] == pytest.approx(
-            row["sentences_per_second"] / report["batch_decoding_sentences_per_second"], abs=0.01)
+            row["sentences_per_second"] / report["batch_decoding_sentences_per_second"], rel=0.02)
         assert row["share_of_batch_wall"] == pytest.approx(
-            row["sentences_per_second"] / report["batch_wall_sentences_per_second"], abs=0.01)
+            row["sentences_per_second"] / report["batch_wall_sentences_per_second"], rel=0.02)
     assert report["server"][0]["mean_batch"] == 1.0  # one client: nothing to batch with
 
 

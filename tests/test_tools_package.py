@@ -17,8 +17,11 @@ COMMANDS = PYPROJECT["project"]["scripts"]
 # deploy machine, a data-preparation job): these modules, and whatever they import, must not
 # import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
 # end to end without them (test_translate_reliability.py).
+# the harness's modules, each importing only those before it
+HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", "schedule", "cli")
 TORCH_FREE = (
-    "fairseq_rope_files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.user_dir",
+    "fairseq_rope_files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.text_steps",
+    "fairseq_rope_tools.user_dir",
     "fairseq_rope_tools.training_log", "fairseq_rope_tools.recipes",
     "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.deploy.engine", "fairseq_rope_tools.deploy.batching",
     "fairseq_rope_tools.deploy.ctranslate2_engine", "fairseq_rope_tools.deploy.fairseq_engine",
@@ -31,9 +34,9 @@ TORCH_FREE = (
     "fairseq_rope_tools.research.benchmark_serve",
     "fairseq_rope_tools.data.text_tools",
     "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
-    "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.research.compare_data",
-    "fairseq_rope_tools.research.compare_report", "fairseq_rope_tools.research.plot_losses",
-    "fairseq_rope_tools.research.compare_position_encodings",  # the scaling registry only when asked for
+    "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.metrics", "fairseq_rope_tools.research.plot_losses",
+    # the harness, every module of it (cli reads the scaling registry only when asked for)
+    *(f"fairseq_rope_tools.research.compare.{name}" for name in HARNESS_LAYERS),
 )
 
 
@@ -118,3 +121,43 @@ def test_the_installed_recipe_is_the_checkouts(tmp_path):
     assert installed != REPO / "examples" / "wmt14_en_de", "the recipe is not installed: run make setup"
     for step in (REPO / "examples" / "wmt14_en_de").glob("*.sh"):
         assert (installed / step.name).read_bytes() == step.read_bytes(), f"{step.name} changed: run make setup"
+
+
+def test_each_harness_module_imports_only_the_layers_below_it():
+    package = REPO / "fairseq_rope_tools" / "research" / "compare"
+    assert sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__") == sorted(HARNESS_LAYERS)
+    for position, name in enumerate(HARNESS_LAYERS):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = {node.module.rpartition(".")[2] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("fairseq_rope_tools.research.compare.")}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and node.module == "fairseq_rope_tools.research.compare" for alias in node.names}
+        above = imported - set(HARNESS_LAYERS[:position])
+        assert not above, f"research/compare/{name}.py imports {sorted(above)}, which are not below it"
+
+
+# the imports of a command by another module left to move into libraries (each one fewer is
+# progress; a new one fails the test below)
+COMMAND_IMPORTS_LEFT = {
+    ("fairseq_rope_tools.research.ablate_rotation_cost", "fairseq_rope_tools.research.benchmark_speed"),
+    ("fairseq_rope_tools.research.benchmark_ctranslate2", "fairseq_rope_tools.deploy.export_ctranslate2"),
+    ("fairseq_rope_tools.research.gpu_check_common", "fairseq_rope_tools.research.benchmark_ctranslate2"),
+    ("fairseq_rope_tools.research.gpu_check_ctranslate2", "fairseq_rope_tools.research.benchmark_ctranslate2"),
+    ("fairseq_rope_tools.research.gpu_check_generation", "fairseq_rope_tools.research.benchmark_ctranslate2"),
+    ("fairseq_rope_tools.research.gpu_check_training", "fairseq_rope_tools.research.plot_losses"),
+}
+
+
+def test_no_module_imports_a_command():
+    """A command module holds its parser and main; what two commands need is a library both import."""
+    commands = {entry.partition(":")[0] for entry in COMMANDS.values()}
+    found = set()
+    for path in _python_files("fairseq_rope_tools"):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            found |= {(module, name) for name in names if name in commands and name != module}
+    assert found - COMMAND_IMPORTS_LEFT == set(), "a module imports a command: move what it needs into a library"
+    assert COMMAND_IMPORTS_LEFT - found == set(), "an import left was moved: drop it from COMMAND_IMPORTS_LEFT"

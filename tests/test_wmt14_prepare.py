@@ -17,6 +17,7 @@ from conftest import REPO, run_cli
 
 from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.data import text_tools as tt
+from fairseq_rope_tools.text_steps import RecipeTokenizer
 
 PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
 COMMON = REPO / "examples" / "wmt14_en_de" / "common.sh"
@@ -335,8 +336,8 @@ def test_line_breaks_inside_lines_keep_pairs_aligned(byo_breaks):
             # raw/: the original sentences (the breaks replaced a space), line for line
             assert _lines(work / f"raw/{split}.{lang}") == [p[side] for p in pairs], (split, lang)
             # tok/: line i is the tokenization of sentence i
-            tt._init_tokenizer(lang)
-            assert _lines(work / f"tok/{split}.{lang}") == [tt.tokenize_line(p[side]) for p in pairs], (split, lang)
+            tokenize = RecipeTokenizer(lang)
+            assert _lines(work / f"tok/{split}.{lang}") == [tokenize(p[side]) for p in pairs], (split, lang)
     tok_pairs = set(zip(_lines(work / "tok/train.en"), _lines(work / "tok/train.de")))
     clean = list(zip(_lines(work / "clean/train.en"), _lines(work / "clean/train.de")))
     assert len(clean) > 250 and all(pair in tok_pairs for pair in clean)

@@ -50,14 +50,13 @@ import shutil
 import struct
 import sys
 import tarfile
-import unicodedata
 import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
 from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, write_atomically, write_lines_atomically
-from fairseq_rope_tools import text_lines
 from fairseq_rope_tools.cli import UserError, add_version_argument, command, sayer
+from fairseq_rope_tools.text_steps import RECORD_HEADER, CommandLineReader, RecipeTokenizer, parse_step_record
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
 PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
@@ -66,39 +65,17 @@ PREFIX = os.environ.get("TEXT_TOOLS_PREFIX", "text_tools")
 say = sayer(PREFIX)
 
 
-class LineReader(text_lines.LineReader):
-    """The strict reader of fairseq_rope_tools/text_lines.py, whose invalid-UTF-8 error offers this tool's
-    way out, and which reports its replacements as [PREFIX] lines."""
-
-    fix = "fix the file, or pass --replace-invalid-utf8 to replace invalid bytes with U+FFFD"
-
-    def report(self, say=say):
-        """Each replacement as a line of ``say`` (this tool's, unless a caller names its own)."""
-        for change in self.changes():
-            say(change)
+# the tokenizer of each worker process of a parallel tokenize
+_worker_tokenizer = None
 
 
-def remove_non_printing(text: str) -> str:
-    """remove-non-printing-char.perl: every character of Unicode category C* becomes a space."""
-    return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
+def _start_tokenizing_worker(lang):
+    global _worker_tokenizer
+    _worker_tokenizer = RecipeTokenizer(lang)
 
 
-class _Tok:
-    normalizer = None
-    tokenizer = None
-
-
-def _init_tokenizer(lang):
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    _Tok.normalizer = MosesPunctNormalizer(lang=lang)
-    _Tok.tokenizer = MosesTokenizer(lang=lang)
-
-
-def tokenize_line(line: str) -> str:
-    line = _Tok.normalizer.normalize(line.rstrip("\n"))
-    line = remove_non_printing(line)
-    return _Tok.tokenizer.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=False)
+def _tokenize_in_worker(line: str) -> str:
+    return _worker_tokenizer(line)
 
 
 _MEMBER_KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.DIRTYPE: "a directory",
@@ -133,7 +110,7 @@ def cmd_extract(args):
 
 
 def cmd_normalize(args):
-    readers = [LineReader(path, args.replace_invalid_utf8) for path in args.inputs]
+    readers = [CommandLineReader(path, args.replace_invalid_utf8) for path in args.inputs]
 
     def all_lines():
         for reader in readers:
@@ -141,35 +118,35 @@ def cmd_normalize(args):
 
     n = write_lines_atomically(args.output, all_lines())
     for reader in readers:
-        reader.report()
+        reader.report(say)
     print(f"[normalize] {', '.join(args.inputs)} -> {args.output}: {n} lines", file=sys.stderr)
 
 
 def cmd_sgm2txt(args):
     segs = []
-    reader = LineReader(args.input, args.replace_invalid_utf8)
+    reader = CommandLineReader(args.input, args.replace_invalid_utf8)
     for line in reader:
         m = SEG_RE.search(line)
         if m:
             segs.append(m.group(1).replace("\u2019", "'"))
     if not segs:
         raise UserError(f"no <seg id=...> lines in {args.input}: is it a WMT .sgm file?", status=1)
-    reader.report()
+    reader.report(say)
     n = write_lines_atomically(args.output, segs)
     print(f"[sgm2txt] {args.input}: {n} segments", file=sys.stderr)
 
 
 def cmd_tokenize(args):
-    reader = LineReader(args.input, args.replace_invalid_utf8)
+    reader = CommandLineReader(args.input, args.replace_invalid_utf8)
     lines = list(reader)
-    reader.report()
+    reader.report(say)
     if args.workers > 1 and len(lines) > 20000:
-        with Pool(args.workers, initializer=_init_tokenizer, initargs=(args.lang,)) as pool:
-            out = pool.imap(tokenize_line, lines, chunksize=2000)
+        with Pool(args.workers, initializer=_start_tokenizing_worker, initargs=(args.lang,)) as pool:
+            out = pool.imap(_tokenize_in_worker, lines, chunksize=2000)
             n = write_lines_atomically(args.output, out)
     else:
-        _init_tokenizer(args.lang)
-        n = write_lines_atomically(args.output, (tokenize_line(line) for line in lines))
+        tokenize = RecipeTokenizer(args.lang)
+        n = write_lines_atomically(args.output, (tokenize(line) for line in lines))
     print(f"[tokenize] {args.input} ({args.lang}): {n} lines", file=sys.stderr)
 
 
@@ -177,9 +154,9 @@ def cmd_detokenize(args):
     from sacremoses import MosesDetokenizer
 
     detok = MosesDetokenizer(lang=args.lang)
-    reader = LineReader(args.input, args.replace_invalid_utf8)
+    reader = CommandLineReader(args.input, args.replace_invalid_utf8)
     lines = [detok.detokenize(line.split()) for line in reader]
-    reader.report()
+    reader.report(say)
     write_lines_atomically(args.output, lines)
 
 
@@ -195,7 +172,7 @@ def keep_pair(src: str, tgt: str, lo: int, hi: int, ratio: float) -> bool:
 def cmd_clean(args):
     s_in, t_in = f"{args.in_prefix}.{args.src}", f"{args.in_prefix}.{args.tgt}"
     s_out, t_out = f"{args.out_prefix}.{args.src}", f"{args.out_prefix}.{args.tgt}"
-    rs, rt = LineReader(s_in, args.replace_invalid_utf8), LineReader(t_in, args.replace_invalid_utf8)
+    rs, rt = CommandLineReader(s_in, args.replace_invalid_utf8), CommandLineReader(t_in, args.replace_invalid_utf8)
     kept = total = 0
 
     def write_pairs(s_tmp, t_tmp):
@@ -219,8 +196,8 @@ def cmd_clean(args):
     # Both sides or neither: the target's write runs inside the source's, so both temporary files
     # are complete before either is renamed, and a failure removes both.
     write_atomically(s_out, lambda s_tmp: write_atomically(t_out, lambda t_tmp: write_pairs(s_tmp, t_tmp)))
-    rs.report()
-    rt.report()
+    rs.report(say)
+    rt.report(say)
     print(f"[clean] {args.in_prefix}: kept {kept} of {total} pairs", file=sys.stderr)
 
 
@@ -238,9 +215,9 @@ def cmd_spm_encode(args):
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=args.model)
-    reader = LineReader(args.input, args.replace_invalid_utf8)
+    reader = CommandLineReader(args.input, args.replace_invalid_utf8)
     write_lines_atomically(args.output, (" ".join(sp.encode(line, out_type=str)) for line in reader))
-    reader.report()
+    reader.report(say)
 
 
 # --- step bookkeeping for prepare.sh --------------------------------------------------------
@@ -250,29 +227,7 @@ def cmd_spm_encode(args):
 # runs at about 1 GB/s (SHA-NI; ~0.4 GB/s without), so a rerun over the full WMT14 files
 # (~1.6 GB of archives, ~1.3 GB of text per later step) spends seconds to a few tens of seconds
 # on it, next to steps that take minutes to hours; size+mtime or partial hashes would miss an
-# edited or re-extracted file of the same size.
-RECORD_HEADER = "# prepare.sh step record v1"
-
-
-fingerprint = file_fingerprint
-
-
-def _parse_record(text):
-    """-> (options {name: value}, inputs {key: (size, sha256, path)}) or None for a marker
-    without a record (written by an older prepare.sh)."""
-    lines = text.splitlines()
-    if RECORD_HEADER not in lines:
-        return None
-    options, inputs = {}, {}
-    for line in lines:
-        if line.startswith("option "):
-            name, _, value = line[len("option "):].partition("=")
-            options[name] = value
-        elif line.startswith("input "):
-            parts = line.split(" ", 4)
-            if len(parts) == 5:
-                inputs[parts[1]] = (parts[2], parts[3], parts[4])
-    return options, inputs
+# edited or re-extracted file of the same size. (The record's format: text_steps.py.)
 
 
 def _describe_changes(old, new):
@@ -311,7 +266,7 @@ def cmd_record(args):
     old = None
     if os.path.exists(args.marker):
         with open(args.marker, encoding="utf-8", errors="replace") as f:
-            old = _parse_record(f.read())
+            old = parse_step_record(f.read())
     options = {}
     for spec in args.option:
         name, sep, value = spec.partition("=")
@@ -330,7 +285,7 @@ def cmd_record(args):
         if not sep or not key or " " in key:
             raise UserError(f"record: --input needs KEY=PATH (no space in KEY), not {spec!r}", status=1)
         if os.path.isfile(path):
-            inputs[key] = (*fingerprint(path), shown(path))
+            inputs[key] = (*file_fingerprint(path), shown(path))
         elif optional:
             # gone since the step was built (e.g. downloaded archives deleted to save space):
             # trust the record of the file it was built from

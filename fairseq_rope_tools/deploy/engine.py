@@ -7,7 +7,7 @@ what it did. Implemented by
 :mod:`~fairseq_rope_tools.deploy.batching`.
 
 A new engine is a module with a subclass of :class:`Engine` and an entry in fairseq-rope-translate's
-table of engines (``translate.ENGINES``); nothing else changes.
+table of engines (``model_setup.ENGINES``); nothing else changes.
 """
 
 from dataclasses import dataclass

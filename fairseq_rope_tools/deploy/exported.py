@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fairseq_rope_tools.data.text_tools import fingerprint
+from fairseq_rope_files import file_fingerprint
 from fairseq_rope_tools.deploy.bundle_files import files_inside, is_directory_name, outside, read_record
 from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, MOSES_RECIPE, Segmentation
 
@@ -224,7 +224,7 @@ def bundled_files(directory) -> List[str]:
 
 def file_digests(directory) -> Dict[str, str]:
     """{relative path: sha256} of :func:`bundled_files`."""
-    return {name: fingerprint(os.path.join(directory, name))[1] for name in bundled_files(directory)}
+    return {name: file_fingerprint(os.path.join(directory, name))[1] for name in bundled_files(directory)}
 
 
 def write_bundle(directory, source: str, target: str, segmentation: Optional[Segmentation]) -> dict:
@@ -285,7 +285,7 @@ def bundle_problem(directory, manifest: dict) -> Optional[str]:
     for name in sorted(held - listed.keys()):
         return f"{name} is not one of the files {BUNDLE} lists"
     for name, digest in sorted(listed.items()):
-        if fingerprint(os.path.join(directory, name))[1] != digest:
+        if file_fingerprint(os.path.join(directory, name))[1] != digest:
             return f"{name} is not the file it was exported with (its sha256 is not the one {BUNDLE} records)"
     return None
 
@@ -333,4 +333,5 @@ def bundle_holds(manifest: Optional[dict], source: str, target: str, segmentatio
     if segmentation is None:
         return manifest["segmentation"] is None
     return manifest["segmentation"] == segmentation_record(segmentation) and all(
-        manifest["files"].get(name) == fingerprint(path)[1] for name, path in bundle_file_names(segmentation).items())
+        manifest["files"].get(name) == file_fingerprint(path)[1]
+        for name, path in bundle_file_names(segmentation).items())

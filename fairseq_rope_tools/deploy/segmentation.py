@@ -4,7 +4,7 @@ directory (:mod:`~fairseq_rope_tools.deploy.work_dir`) or from an exported bundl
 (:mod:`~fairseq_rope_tools.deploy.exported`).
 
 Source side: Moses punctuation normalisation, removal of non-printing characters and Moses
-tokenisation ``-a -no-escape`` (fairseq_rope_tools.data.text_tools' tokenize_line; none for a
+tokenisation ``-a -no-escape`` (fairseq_rope_tools.text_steps' RecipeTokenizer; none for a
 corpus prepared with --no-tokenize), then subword-nmt BPE (codes, the source vocabulary and its
 threshold, as ``subword-nmt apply-bpe -c CODES --vocabulary VOCAB --vocabulary-threshold T``) or
 sentencepiece. Target side: the BPE removed as fairseq-generate's ``--remove-bpe`` does, then
@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from fairseq_rope_tools.cli import UserError
+from fairseq_rope_tools.text_steps import RecipeTokenizer
 
 BPE_TYPES = ("subword_nmt", "sentencepiece")
 OUTPUT_FORMATS = ("detok", "tok", "bpe")
 
-#: the tokenisation text_tools.tokenize_line applies, as a bundle records it
+#: the tokenisation text_steps.RecipeTokenizer applies, as a bundle records it
 MOSES_RECIPE = {"kind": "moses", "normalize_punctuation": True, "remove_non_printing": True,
                 "aggressive_dash_splits": True, "escape": False}
 
@@ -80,9 +81,7 @@ class Segmenter:
     """raw line -> the source tokens the model was trained on."""
 
     def __init__(self, segmentation: Segmentation):
-        from fairseq_rope_tools.data import text_tools
-
-        self.segmentation, self.text_tools = segmentation, text_tools
+        self.segmentation = segmentation
         if segmentation.bpe_type == "subword_nmt":
             from subword_nmt.apply_bpe import BPE, read_vocabulary
 
@@ -98,12 +97,11 @@ class Segmenter:
 
             with unreadable_as_refused(segmentation, segmentation.spm_model, "a sentencepiece model"):
                 self.spm = sentencepiece.SentencePieceProcessor(model_file=str(segmentation.spm_model))
-        if segmentation.tokenize:
-            text_tools._init_tokenizer(segmentation.source)
+        self.tokenize = RecipeTokenizer(segmentation.source) if segmentation.tokenize else None
 
     def __call__(self, line: str) -> List[str]:
-        if self.segmentation.tokenize:
-            line = self.text_tools.tokenize_line(line)
+        if self.tokenize is not None:
+            line = self.tokenize(line)
         else:
             line = " ".join(line.split())
         if not line:
@@ -123,7 +121,7 @@ def desegment(hypotheses: List[List[str]], output_format: str, bpe_type: Optiona
         return lines
     lines = [remove_bpe(line, bpe_type) for line in lines]
     if output_format == "detok":
-        from fairseq_rope_tools.checkpoints.score_bleu import moses_detokenize
+        from fairseq_rope_tools.metrics import moses_detokenize
 
         lines = moses_detokenize(lines, target)
     return lines

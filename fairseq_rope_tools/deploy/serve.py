@@ -51,7 +51,7 @@ import traceback
 from typing import Optional
 
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
-from fairseq_rope_tools.deploy import translate
+from fairseq_rope_tools.deploy import model_setup
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import first_line
@@ -86,7 +86,7 @@ def parse_args(argv):
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine only; "
                                                        "0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="the port to listen on (8080; 0: any free port, printed)")
-    translate.add_model_arguments(p)
+    model_setup.add_model_arguments(p)
     p.add_argument("--max-beam", type=int, default=8, help="the largest beam_size a request may ask for (8)")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="sentences decoded together, from one request or several (64, as fairseq-rope-translate's "
@@ -119,7 +119,7 @@ def parse_args(argv):
     given_connections = args.max_connections is not None
     if not given_connections:
         args.max_connections = min(256, room or 256)
-    translate.check_model_arguments(p, args, (("max_beam", 1), ("max_batch_size", 1), ("max_queue", 1),
+    model_setup.check_model_arguments(p, args, (("max_beam", 1), ("max_batch_size", 1), ("max_queue", 1),
                                               ("max_lines", 1), ("max_body_bytes", 1), ("max_connections", 1)))
     if args.beam > args.max_beam:
         p.error(f"--beam {args.beam}: the default beam size must be at most --max-beam {args.max_beam}")
@@ -147,12 +147,12 @@ def parse_args(argv):
 
 def check_model(args):
     """The model and its segmentation as fairseq-rope-translate checks them for raw text from
-    a file (translate.check_model): a bundle verified against its manifest, the languages, the
+    a file (model_setup.check_model): a bundle verified against its manifest, the languages, the
     vocabularies. Raises UserError."""
     args.engine, args.checkpoint, args.input_format, args.output_format = "ctranslate2", None, "raw", None
     if not args.model_dir:
         raise UserError("give --model-dir: a bundle written by fairseq-rope-export")
-    translate.check_model(args)
+    model_setup.check_model(args)
     args.streaming = True  # requests come mixed, as a stream's lines: every bucket used stays loaded
 
 
@@ -389,7 +389,7 @@ def main(argv=None):
         raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
                         "'fairseq-rope[serve]' (or run make setup)")
     check_model(args)
-    service = Service(args, functools.partial(translate.open_ctranslate2, args))
+    service = Service(args, functools.partial(model_setup.open_ctranslate2, args))
     asyncio.run(Server(service, args.host, args.port, args.shutdown_timeout).run())
 
 

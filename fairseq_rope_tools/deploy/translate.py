@@ -64,7 +64,6 @@ each have a module of their own in fairseq_rope_tools/deploy/.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import stat
@@ -73,8 +72,6 @@ from pathlib import Path
 
 from fairseq_rope_files import output_files_problem, write_lines, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
-from fairseq_rope_tools.data import text_tools  # (the recipe's strict line reader)
-from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
 from fairseq_rope_tools.deploy.batching import (
     TOO_LONG_POLICIES,
     LengthLimit,
@@ -83,39 +80,15 @@ from fairseq_rope_tools.deploy.batching import (
     translate_sorted,
 )
 from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy.model_setup import ENGINES, add_model_arguments, check_model, check_model_arguments
 from fairseq_rope_tools.deploy.output import OutputFormat
-from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter, first_line
+from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
 from fairseq_rope_tools.text_lines import OverlongLine
+from fairseq_rope_tools.text_steps import CommandLineReader
 
 say = sayer("translate")
 
 
-# --- the engines: each a function of the parsed flags -------------------------------------------
-def open_ctranslate2(args):
-    """A CTranslate2 export, or the router over a --length-buckets export's models."""
-    from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine
-
-    def open_model(model_dir):
-        return CTranslate2Engine(model_dir, args.decoding, args.device, args.compute_type, args.threads)
-
-    if exported.is_bucket_export(args.model_dir):
-        from fairseq_rope_tools.deploy.length_buckets import LengthBuckets
-
-        engine = LengthBuckets(args.model_dir, open_model, keep_loaded=args.streaming)
-    else:
-        engine = open_model(args.model_dir)
-    engine.max_source = args.max_source_positions or recorded_limit(args.model_dir)  # of an export that loaded
-    return engine
-
-
-def open_fairseq(args):
-    from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
-
-    return FairseqEngine(args.checkpoint, args.data_bin, args.src, args.tgt, args.decoding, args.device,
-                         args.compute_type, args.threads, args.max_source_positions)
-
-
-ENGINES = {"ctranslate2": open_ctranslate2, "fairseq": open_fairseq}
 
 
 # --- input ----------------------------------------------------------------------------------------
@@ -136,54 +109,6 @@ def is_stream(path) -> bool:
     except OSError:
         return False
     return not stat.S_ISREG(mode)
-
-
-def default_threads():
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else cores
-
-
-def add_model_arguments(p):
-    """The flags that choose the model, its segmentation and its beam search, which
-    fairseq-rope-serve shares: the same bundle and flags give the same translations."""
-    p.add_argument("--model-dir", help="what fairseq-rope-export wrote: a bundle (model and segmentation), or a "
-                                       "directory of length buckets (--length-buckets)")
-    p.add_argument("--work-dir", help="the directory prepare.sh wrote for the model: tok/, bpe/ and data-bin/ "
-                                      "(for raw text with an export that holds no segmentation, and for --engine "
-                                      "fairseq); with a bundle, checked to be its segmentation")
-    p.add_argument("--data-bin", help="the model's data-bin: dictionaries, bpe_type, languages "
-                                      "(default: WORK_DIR/data-bin)")
-    p.add_argument("--src", help="source language (default: as the bundle or the data-bin records it)")
-    p.add_argument("--tgt", help="target language (default: as the bundle or the data-bin records it)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (4)")
-    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty (0.6)")
-    p.add_argument("--max-len", type=int, default=200,
-                   help="at most this many target tokens per sentence (200, fairseq-generate's --max-len-b)")
-    p.add_argument("--threads", type=int, default=default_threads(),
-                   help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--compute-type", default="default",
-                   help="CTranslate2: default (the type the model was exported with: float32 unless exported "
-                        "with --quantization), float32, int8, int8_float32, float16, bfloat16, ...; "
-                        "fairseq: float32, or float16 / bfloat16 on cuda")
-    p.add_argument("--max-source-positions", type=int,
-                   help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
-                        "(default: the model's max_source_positions: from the checkpoint, or recorded by "
-                        "fairseq-rope-export)")
-
-
-def check_model_arguments(p, args, minimums=()):
-    """argparse's refusal of the values of :func:`add_model_arguments`' flags (and of ``minimums``,
-    (flag, least value) pairs of the command's own) that no model takes."""
-    for flag, minimum in (("beam", 1), ("max_len", 1), ("threads", 1), ("max_source_positions", 2), *minimums):
-        if getattr(args, flag) is not None and getattr(args, flag) < minimum:
-            p.error(f"--{flag.replace('_', '-')} must be at least {minimum}, not {getattr(args, flag)}")
-    if args.lenpen != args.lenpen:  # NaN
-        p.error("--lenpen must be a number")
 
 
 def parse_args(argv):
@@ -238,138 +163,6 @@ def check_setup(args):
     args.streaming = is_stream(args.input) and args.output is None
 
 
-def check_model(args):
-    """The model, its languages and its segmentation (fairseq-rope-serve's setup too): the engine
-    and its files, the bundle verified against its manifest, the work dir and data-bin, the
-    languages, the segmentation of raw text, and the vocabularies against the dictionaries.
-    Raises UserError."""
-    if args.engine is None:
-        if args.model_dir:
-            args.engine = "ctranslate2"
-        elif args.checkpoint:
-            args.engine = "fairseq"
-        else:
-            raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
-    args.bundle = None
-    if args.engine == "ctranslate2":
-        if not args.model_dir:
-            raise UserError("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
-        if not Path(args.model_dir).is_dir():
-            raise UserError(f"--model-dir {args.model_dir} is not a directory")
-        args.bundle = verified_bundle(args.model_dir)
-    else:
-        if not args.checkpoint:
-            raise UserError("--engine fairseq needs --checkpoint CKPT")
-        missing = [name for name in ("torch", "fairseq") if importlib.util.find_spec(name) is None]
-        if missing:  # a deployment installs neither (docs/deploy.md)
-            raise UserError(f"--engine fairseq needs {' and '.join(missing)}, which this environment lacks: install "
-                            "them (docs/usage.md#install), or translate an export with --model-dir")
-        if not Path(args.checkpoint).is_file():
-            raise UserError(f"--checkpoint {args.checkpoint} is not a file")
-        if args.compute_type not in fairseq_engine.COMPUTE_TYPES:
-            raise UserError(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
-                            f"{', '.join(fairseq_engine.COMPUTE_TYPES)}")
-        if args.compute_type in ("float16", "bfloat16") and args.device != "cuda":
-            raise UserError(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
-    work = Path(args.work_dir) if args.work_dir else None
-    if work is not None and not work.is_dir():
-        raise UserError(f"--work-dir {work} is not a directory")
-    args.work_dir = work
-    args.data_bin = Path(args.data_bin) if args.data_bin else (work / "data-bin" if work else None)
-    if args.data_bin is not None and not args.data_bin.is_dir():
-        raise UserError(f"--data-bin {args.data_bin} is not a directory" if work is None or
-                        args.data_bin != work / "data-bin" else
-                        f"--work-dir {work} has no data-bin/: run prepare.sh first (or give --data-bin)")
-    if args.engine == "fairseq" and args.data_bin is None:
-        raise UserError("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
-    check_languages(args)
-    check_segmentation(args)
-    if args.engine == "ctranslate2" and args.data_bin is not None:
-        check_vocabulary(args)
-
-
-def verified_bundle(model_dir):
-    """The bundle's manifest, every file checked against it, none a link out of it (None: a
-    --length-buckets export of a version before bundles, verified by its own manifest); a
-    directory without bundle.json is refused, never loaded unverified."""
-    try:
-        return exported.verified_bundle(model_dir)
-    except (OSError, ValueError) as e:
-        again = "--length-buckets" if exported.is_bucket_export(model_dir) else ""
-        raise UserError(f"--model-dir {model_dir}: {first_line(e)}: export it again with fairseq-rope-export"
-                        + (f" {again}" if again else "")) from None
-
-
-def check_languages(args):
-    """--src/--tgt: as the bundle and the data-bin record them (given, they must agree)."""
-    recorded = {}
-    src, tgt = work_dir.languages_of(args.data_bin)
-    if src and tgt:
-        recorded[f"the data-bin {args.data_bin}"] = (src, tgt)
-    if args.bundle is not None:
-        recorded[f"--model-dir {args.model_dir}"] = (args.bundle["source_language"], args.bundle["target_language"])
-    for where, (src, tgt) in recorded.items():
-        if (args.src or src, args.tgt or tgt) != (src, tgt):  # swapped, one side repeated, another pair
-            raise UserError(f"--src {args.src or src} --tgt {args.tgt or tgt}: {where} is for {src}-{tgt} "
-                            f"(translating {src} to {tgt}): pass --src {src} --tgt {tgt}, or leave both out")
-        args.src, args.tgt = src, tgt
-
-
-def check_segmentation(args):
-    """args.segmentation (raw input), args.bpe_type and args.output_format, from the bundle or the work dir."""
-    held = exported.bundle_segmentation(args.model_dir, args.bundle) if args.bundle else None
-    tokenized = held.tokenize if held else (args.work_dir is None or work_dir.is_tokenized(args.work_dir))
-    if args.output_format is None:
-        args.output_format = "detok" if tokenized else "tok"
-        if not tokenized:
-            say(f"{held.origin if held else args.work_dir} was prepared with --no-tokenize: input is taken as "
-                "tokenized and the output is left tokenized (--output-format tok)")
-    needs = {"--src": args.src is None and (args.input_format == "raw" or args.engine == "fairseq"),
-             "--tgt": args.tgt is None and (args.output_format == "detok" or args.engine == "fairseq")}
-    for flag, missing in needs.items():
-        if missing:
-            where = f"the data-bin {args.data_bin} does not record it" if args.data_bin else "there is no data-bin"
-            raise UserError(f"{flag}: cannot tell the language ({where}); pass {flag}")
-    if args.data_bin is not None:
-        for lang in filter(None, (args.src, args.tgt)):
-            if not (args.data_bin / f"dict.{lang}.txt").is_file():
-                raise UserError(f"--data-bin {args.data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
-                                "the data-bin of this model")
-    args.bpe_type = held.bpe_type if held else work_dir.bpe_type_of(args.data_bin, args.work_dir)
-    args.segmentation = None
-    if args.input_format == "raw":
-        if held is None and args.work_dir is None:
-            raise UserError("--work-dir is needed to tokenize and BPE raw text: the directory prepare.sh wrote (or "
-                            "pass --input-format bpe, or export a bundle with fairseq-rope-export --work-dir)")
-        if args.bpe_type is None:
-            where = args.data_bin or args.work_dir
-            raise UserError(f"cannot tell the BPE kind: {where}/bpe_type is missing")
-        given = args.work_dir and work_dir.segmentation_of(args.work_dir, args.src, args.tgt, args.bpe_type)
-        if held and given and not exported.bundle_holds(args.bundle, args.src, args.tgt, given):
-            raise UserError(f"--work-dir {args.work_dir}: its segmentation (bpe/ and tok/ steps) is not the one "
-                            f"--model-dir {args.model_dir} holds: leave --work-dir out (the bundle has its own), or "
-                            "give the work dir the model was trained on")
-        args.segmentation = held or given
-    elif args.bpe_type is None and args.output_format != "bpe":
-        where = args.data_bin or args.work_dir
-        raise UserError(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
-                        "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
-
-
-def recorded_limit(model_dir):
-    """The export's length limit, or None with a warning: CTranslate2 itself has no limit for RoPE
-    models and would take any length, up to running out of memory."""
-    try:
-        limit = exported.source_limit(model_dir)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--model-dir: cannot read the length limit of {model_dir} ({first_line(e)}): export the "
-                        "model again") from None
-    if limit is None:
-        say(f"--model-dir {model_dir}: the export records no max_source_positions (exported by an older "
-            "export_ctranslate2.py): no input-length limit is known; export it again, or pass --max-source-positions")
-    return limit
-
-
 def check_outputs(args):
     """Every file this run will write can be written, before hours of decoding: a writable
     directory (a symlink's target is what gets replaced), not a directory, not the same file twice,
@@ -411,29 +204,6 @@ def input_files(args) -> dict:
     return inputs
 
 
-def check_vocabulary(args):
-    """The CTranslate2 model was exported with this data-bin's dictionaries, token for token in
-    the same order (each bucket of a --length-buckets export is a model of its own: every one)."""
-    model_dir = Path(args.model_dir)
-    model_dirs = [model_dir]
-    if exported.is_bucket_export(model_dir):
-        from fairseq_rope_tools.deploy.length_buckets import bucket_manifest
-
-        model_dirs = [model_dir / b["directory"] for b in bucket_manifest(model_dir)["buckets"]]
-    for directory in model_dirs:
-        for side, lang in (("source", args.src), ("target", args.tgt)):
-            if lang is None:
-                continue
-            try:
-                path, vocab = exported.read_vocabulary(directory, side)
-            except (OSError, ValueError) as e:
-                raise UserError(f"--model-dir {args.model_dir}: {first_line(e)}: export the model again") from None
-            problem = vocab and work_dir.vocabulary_problem(vocab, path, args.data_bin / f"dict.{lang}.txt")
-            if problem:
-                raise UserError(f"--model-dir {args.model_dir} was not exported with the dictionary of "
-                                f"{args.data_bin}: {problem}: give the work dir / data-bin the model was trained on")
-
-
 # --- the run ----------------------------------------------------------------------------------------
 @command
 def main(argv=None):
@@ -441,8 +211,8 @@ def main(argv=None):
     check_setup(args)
     segment = Segmenter(args.segmentation) if args.input_format == "raw" else str.split
     engine = ENGINES[args.engine](args)
-    reader = text_tools.LineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,
-                                   max_bytes=line_byte_cap(engine.max_source))
+    reader = CommandLineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,
+                               max_bytes=line_byte_cap(engine.max_source))
     limit = LengthLimit(engine.max_source, args.too_long, reader.path)
     output = OutputFormat(args.output_format, args.nbest, args.json_lines, args.bpe_type, args.tgt)
 

@@ -9,9 +9,10 @@ from ``--work-dir`` when it is given.
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from fairseq_rope_files import file_fingerprint
 from fairseq_rope_tools.cli import UserError
-from fairseq_rope_tools.data import text_tools
 from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, Segmentation, first_line
+from fairseq_rope_tools.text_steps import parse_step_record
 
 FAIRSEQ_SPECIALS = ["<s>", "<blank>", "</s>", "<unk>"]  # a fairseq Dictionary's first symbols, as CTranslate2
 # lists them (its converter renames <pad> to <blank>)
@@ -29,7 +30,7 @@ def step_record(directory, name) -> Tuple[Optional[dict], dict]:
     marker = Path(directory) / ".done"
     if not marker.is_file():
         return None, {}
-    parsed = text_tools._parse_record(marker.read_text(encoding="utf-8", errors="replace"))
+    parsed = parse_step_record(marker.read_text(encoding="utf-8", errors="replace"))
     if parsed is None:
         raise UserError(f"{marker} does not record the options of the {name} step (written by an older "
                         "prepare.sh): rerun prepare.sh")
@@ -134,7 +135,7 @@ def data_bin_bpe_problem(data_bin, segmentation: Segmentation) -> Optional[str]:
     key, path = (("bpe/codes", segmentation.codes) if segmentation.bpe_type == "subword_nmt"
                  else ("bpe/spm.model", segmentation.spm_model))
     recorded = inputs.get(key)
-    if recorded is None or recorded[1] == text_tools.fingerprint(path)[1]:
+    if recorded is None or recorded[1] == file_fingerprint(path)[1]:
         return None
     return (f"{segmentation.origin}: {path} is not the BPE that --data-bin {data_bin} was binarized with (its "
             f".done records another {key}): give the work dir and data-bin of one prepare.sh run")

@@ -36,13 +36,13 @@ import sys
 from pathlib import Path
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
-from fairseq_rope_tools.checkpoints.score_bleu import tokenized_bleu
 from fairseq_rope_tools.cli import UserError, add_version_argument, command, plugin_dir, progress_sayer
 from fairseq_rope_tools.deploy.batching import translate_sorted
 from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine, ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.segmentation import remove_bpe as remove_bpe_from_line
 from fairseq_rope_tools.deploy.work_dir import bpe_type_of
+from fairseq_rope_tools.metrics import tokenized_bleu
 from fairseq_rope_tools.research.machine import cpu_model
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64

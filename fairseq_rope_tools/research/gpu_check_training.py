@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from fairseq_rope_tools.cli import run_logged
 from fairseq_rope_tools.recipes import recipe_step
-from fairseq_rope_tools.research import compare_data
+from fairseq_rope_tools.research.compare import data as compare_data
 from fairseq_rope_tools.research.gpu_check_common import guarded, run_lanes, say
 from fairseq_rope_tools.training_log import parse_train_log
 
@@ -25,7 +25,7 @@ REFERENCE_ROTATION_RUN = "rope fp16 reference rotation"
 
 
 def quickstart_data_bin(work_dir, sizes, threads):
-    """The quickstart corpus, generated and prepared by prepare.sh (fairseq_rope_tools/research/compare_data.py)."""
+    """The quickstart corpus, generated and prepared by prepare.sh (fairseq_rope_tools/research/compare/data.py)."""
     train, valid, test = sizes.corpus
     args = SimpleNamespace(out_dir=work_dir, corpus_train_size=train, corpus_bpe_size=sizes.bpe_merges, corpus_seed=1,
                            source_lang="en", target_lang="de", threads=threads)

@@ -15,7 +15,7 @@ difference was observed then, and its p-value is 1.
 """
 
 
-from fairseq_rope_tools.checkpoints import score_bleu
+from fairseq_rope_tools import metrics
 
 RESAMPLES = 1000
 # metric key -> what the reports call it
@@ -44,14 +44,14 @@ def paired_bootstrap(systems, refs_tok, refs_raw=None, lang="de", detok=None, n_
         if len(hyps) != len(refs_tok):
             raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(refs_tok)} references")
     results, signatures = _paired_bs(
-        [(name, [score_bleu.compound_split(h) for h in hyps]) for name, hyps in systems],
-        {"tok_bleu": score_bleu.tokenized_bleu_metric()},
-        [score_bleu.compound_split(r) for r in refs_tok], n_samples)
+        [(name, [metrics.compound_split(h) for h in hyps]) for name, hyps in systems],
+        {"tok_bleu": metrics.tokenized_bleu_metric()},
+        [metrics.compound_split(r) for r in refs_tok], n_samples)
     if refs_raw is not None:
         detok = detok or {}
-        detokenized = [(name, detok.get(name) or score_bleu.moses_detokenize(hyps, lang)) for name, hyps in systems]
+        detokenized = [(name, detok.get(name) or metrics.moses_detokenize(hyps, lang)) for name, hyps in systems]
         more, more_signatures = _paired_bs(
-            detokenized, {"sacrebleu": score_bleu.sacrebleu_metric(), "chrf": score_bleu.chrf_pp_metric()},
+            detokenized, {"sacrebleu": metrics.sacrebleu_metric(), "chrf": metrics.chrf_pp_metric()},
             refs_raw, n_samples)
         results.update(more)
         signatures.update(more_signatures)

@@ -47,7 +47,7 @@ def test_significance(args, data, results, groups):
             detok[row] = read_lines(run_dir(variant) / f"hyp{suffix}.detok.txt")
         refs_raw = data.refs_raw
         if refs_raw is None:
-            from fairseq_rope_tools.checkpoints.score_bleu import moses_detokenize
+            from fairseq_rope_tools.metrics import moses_detokenize
 
             refs_raw = moses_detokenize(refs_tok, args.target_lang)
         order = [baseline] + [row for row in hyps if row != baseline]
