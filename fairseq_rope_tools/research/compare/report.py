@@ -126,9 +126,10 @@ def oracle_overview(report):
 
 def updates_spent(run):
     """The updates a run's model cost: its own, and with those of the model it started from."""
-    updates = run.get("updates") or {"own": int(run["settings"]["recipe_env"]["MAX_UPDATE"])}
-    updates.setdefault("total", updates["own"])
-    return f"{updates['own']}" + (f" ({updates['total']})" if updates["total"] != updates["own"] else "")
+    updates = run.get("updates", {})
+    own = updates.get("own", int(run["settings"]["recipe_env"]["MAX_UPDATE"]))
+    total = updates.get("total", own)
+    return f"{own}" + (f" ({total})" if total != own else "")
 
 
 def own_settings(settings, common_env):

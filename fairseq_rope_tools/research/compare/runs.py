@@ -114,20 +114,23 @@ def run_one(args, data, variant, seed, slot, start=None):
                    or not averaged.exists()):
         log(f"{name}: {result_file} was made by other settings or an older harness; running it again")
         result = None
+    # the updates the model cost, its start's included (recorded on results made before this record too)
+    own_updates = int(settings["recipe_env"]["MAX_UPDATE"])
+    updates = {"own": own_updates, "total": own_updates + (start["updates"]["total"] if start else 0)}
     if result is None:
         result = train_and_average(args, data, name, run_dir, settings, averaged, slot,
                                    start and start_checkpoint(args, variant, seed))
-    # the updates the model cost, its start's included (results before this record had no start)
-    own_updates = int(settings["recipe_env"]["MAX_UPDATE"])
-    updates = {"own": own_updates, "total": own_updates + (start["updates"]["total"] if start else 0)}
-    if result.get("updates") != updates:
         result["updates"] = updates
         # saved now, so that a decode that fails or is interrupted does not cost the training
         write_text_atomically(result_file, json.dumps(result, indent=1))
     elif result.get("decode_settings") == wanted:
+        if result.get("updates") != updates:
+            result["updates"] = updates
+            write_text_atomically(result_file, json.dumps(result, indent=1))
         log(f"{name}: done before, reusing {result_file}")
         return result
     else:
+        result["updates"] = updates  # written with the new decodes
         log(f"{name}: reusing the trained model of {result_file}; decoding what is new or changed")
     done_before = result.get("decode_settings", {})
     decodes = {}
