@@ -53,7 +53,7 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
 
 
 def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path, capsys):
-    from fairseq_rope_tools.research import plot_losses
+    from fairseq_rope_tools.research import loss_plots, plot_losses
 
     log = tmp_path / "train.log"
     log.write_text(
@@ -67,9 +67,9 @@ def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path, capsys):
         "2026-01-01 | INFO | valid | epoch 002 | valid on 'test' subset | loss 1.0 | num_updates 20\n",
         encoding="utf-8",
     )
-    train, valid = plot_losses.parse_log(log)
+    train, valid = loss_plots.parse_log(log)
     assert train == {10: 9.75} and valid == {20: 9.01}
-    assert plot_losses.parse_log(log, subset="test")[1] == {20: 1.0}
+    assert loss_plots.parse_log(log, subset="test")[1] == {20: 1.0}
     png = tmp_path / "out.png"
     plot_losses.main([str(log), str(log), "--label", "a", "--label", "b", "--output", str(png)])
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -35,6 +35,7 @@ TORCH_FREE = (
     "fairseq_rope_tools.data.text_tools",
     "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
     "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.metrics", "fairseq_rope_tools.research.plot_losses",
+    "fairseq_rope_tools.research.loss_plots",
     # the harness, every module of it (cli reads the scaling registry only when asked for)
     *(f"fairseq_rope_tools.research.compare.{name}" for name in HARNESS_LAYERS),
 )
@@ -144,7 +145,6 @@ COMMAND_IMPORTS_LEFT = {
     ("fairseq_rope_tools.research.gpu_check_common", "fairseq_rope_tools.research.benchmark_ctranslate2"),
     ("fairseq_rope_tools.research.gpu_check_ctranslate2", "fairseq_rope_tools.research.benchmark_ctranslate2"),
     ("fairseq_rope_tools.research.gpu_check_generation", "fairseq_rope_tools.research.benchmark_ctranslate2"),
-    ("fairseq_rope_tools.research.gpu_check_training", "fairseq_rope_tools.research.plot_losses"),
 }
 
 

@@ -106,7 +106,7 @@ def loss_verdict(runs, tolerance):
 
 def plot_runs(runs, output, title):
     """losses.png with fairseq-rope-plot-losses's plot."""
-    from fairseq_rope_tools.research.plot_losses import plot
+    from fairseq_rope_tools.research.loss_plots import plot
 
     curves = [(name, dict(run["train_curve"]), {u: loss for u, loss, _ in run["valid_curve"]})
               for name, run in runs.items() if "train_curve" in run]
