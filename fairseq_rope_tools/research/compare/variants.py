@@ -81,6 +81,8 @@ RUN_OPTIONS = {
 }
 
 
+#: every setting a variant can take as its own, in the order its canonical name lists them
+OWN_OPTIONS = {**RECIPE_OPTIONS, **RUN_OPTIONS}
 OWN_SETTINGS = "@"  # rope_concat@concat-max-sentences=8: rope_concat, trained with its own K
 
 
@@ -106,15 +108,15 @@ def parse_variant(text):
     for item in settings.split(",") if own_settings else []:
         flag, is_set, value = item.partition("=")
         name = flag.replace("-", "_")
-        if not is_set or name not in {**RECIPE_OPTIONS, **RUN_OPTIONS}:
+        if not is_set or name not in OWN_OPTIONS:
             raise ValueError(f"{item!r} is not OPTION=VALUE with OPTION one of "
-                             + ", ".join(n.replace("_", "-") for n in {**RECIPE_OPTIONS, **RUN_OPTIONS}))
+                             + ", ".join(n.replace("_", "-") for n in OWN_OPTIONS))
         if name in RECIPE_OPTIONS and not getattr(VARIANTS[base], RECIPE_OPTIONS[name].recipe):
             raise ValueError(f"{base} reads no {flag}: it is an option of the variants "
                              + " ".join(recipe_readers(name)))
         if name in own:
             raise ValueError(f"{flag} is given twice")
-        option = RECIPE_OPTIONS.get(name) or RUN_OPTIONS[name]
+        option = OWN_OPTIONS[name]
         try:
             own[name] = option.type(value)
         except ValueError:
@@ -125,7 +127,7 @@ def parse_variant(text):
             raise ValueError(f"{flag} {problem}")
     canonical = ",".join(f"{n.replace('_', '-')}={own[n]:g}" if not isinstance(own[n], str)
                          else f"{n.replace('_', '-')}={own[n]}"
-                         for n in (*RECIPE_OPTIONS, *RUN_OPTIONS) if n in own)
+                         for n in OWN_OPTIONS if n in own)
     return (f"{base}{OWN_SETTINGS}{canonical}" if own else base), own
 
 
@@ -136,7 +138,7 @@ def recipe_readers(name):
 
 def recipe_value_problem(name, value):
     """What is wrong with ``value`` for the recipe or run option ``name`` (None: nothing)."""
-    option = RECIPE_OPTIONS.get(name) or RUN_OPTIONS[name]
+    option = OWN_OPTIONS[name]
     shown = value if isinstance(value, str) else f"{value:g}"
     return None if option.valid(value) else f"must be {option.requirement}, got {shown}"
 
