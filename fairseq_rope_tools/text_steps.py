@@ -23,6 +23,8 @@ class CommandLineReader(text_lines.LineReader):
 
 def remove_non_printing(text: str) -> str:
     """remove-non-printing-char.perl: every character of Unicode category C* becomes a space."""
+    if text.isprintable():  # no character of a category C* (nor Z* but the space): nothing to do, fast
+        return text
     return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
 
 

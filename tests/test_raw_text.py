@@ -62,9 +62,13 @@ def test_moses_normalized_tokenizes_as_the_recipe_and_detokenizes_as_translate()
 
 def test_remove_non_printing_is_the_recipes():
     """The plugin's copy (it cannot import the tools) and text_steps' agree on every code point of
-    the Basic Multilingual Plane, control and format characters included."""
+    the Basic Multilingual Plane, control and format characters included, in one text and each
+    alone (a text without such characters takes a fast path: it must agree too)."""
     text = "".join(map(chr, range(1, 0xD800))) + "".join(map(chr, range(0xE000, 0x10000)))
     assert remove_non_printing(text) == text_steps.remove_non_printing(text)
+    for ch in text:
+        expected = " " if unicodedata.category(ch)[0] == "C" else ch
+        assert remove_non_printing(ch) == text_steps.remove_non_printing(ch) == expected, hex(ord(ch))
     assert remove_non_printing("a\u200bb\u00adc\td") == "a b c d"
     assert all(unicodedata.category(ch)[0] != "C" for ch in remove_non_printing(text).replace(" ", ""))
 

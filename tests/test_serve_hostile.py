@@ -7,6 +7,7 @@ refusals are JSON too; a client gone is one log line and its queued work is neve
 access log escapes what the client sent; no versions in the Server header; --allowed-hosts;
 GET /metrics. Every wait is bounded."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -14,6 +15,8 @@ import time
 
 import pytest
 from test_serve_requests import HeldService, Reverser, http, serve_until_done, wait_until
+
+from fairseq_rope_tools.deploy.translation_service import INLINE_TEXT_CHARACTERS
 
 serve = pytest.importorskip("fairseq_rope_tools.deploy.serve")
 pytest.importorskip("prometheus_client")
@@ -28,7 +31,7 @@ class CountingService(HeldService):
     def __init__(self, args, delay=0.0, gate=None):
         super().__init__(args)
         self.loaded.set()
-        self.segmented, self.delay, self.gate = [], delay, gate
+        self.segmented, self.on_loop, self.delay, self.gate = [], [], delay, gate
 
     def load(self):
         super().load()
@@ -38,6 +41,7 @@ class CountingService(HeldService):
 
     def _segment(self, sentence):
         self.segmented.append(sentence)
+        self.on_loop.append(asyncio._get_running_loop() is not None)
         time.sleep(self.delay)
         return sentence.split()
 
@@ -110,12 +114,14 @@ def test_a_sentence_that_cannot_fit_is_refused_before_any_segmentation(sentence)
 
 
 def test_health_answers_while_a_request_is_segmented():
-    """Segmentation that takes 3 s (BPE over long words does) runs beside the event loop."""
-    seen = {}
+    """Segmentation that takes 3 s (BPE over long words does) runs beside the event loop, for a
+    request longer than what is segmented on the loop (INLINE_TEXT_CHARACTERS)."""
+    seen, words = {}, ["a" * 150, "b" * 150, "c" * 150]
+    assert len(" ".join(words)) > INLINE_TEXT_CHARACTERS
 
     def client(server, service):
         slow = threading.Thread(target=lambda: seen.update(answer=http(server.port, "POST", "/translate",
-                                                                        {"text": ["a b c"]})))
+                                                                        {"text": [" ".join(words)]})))
         slow.start()
         wait_until(lambda: service.segmented, "segmenting")
         began = time.monotonic()
@@ -125,7 +131,17 @@ def test_health_answers_while_a_request_is_segmented():
 
     served(client, delay=3.0)
     assert seen["health"][0] == 200 and seen["seconds"] < 1.5, seen
-    assert seen["answer"][::2] == (200, {"translations": ["c b a"]})
+    assert seen["answer"][::2] == (200, {"translations": [" ".join(reversed(words))]})
+
+
+def test_only_short_requests_are_segmented_on_the_event_loop():
+    short, long = "a b c", " ".join(["w" * 100] * 4)
+    assert len(short) <= INLINE_TEXT_CHARACTERS < len(long)
+    seen = {}
+    _, service = served(lambda server, _: seen.update(short=http(server.port, "POST", "/translate", {"text": [short]}),
+                                                      long=http(server.port, "POST", "/translate", {"text": [long]})))
+    assert seen["short"][0] == seen["long"][0] == 200
+    assert service.segmented == [short, long] and service.on_loop == [True, False]
 
 
 def test_a_full_queue_refuses_before_segmenting():
