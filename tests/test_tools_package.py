@@ -140,7 +140,6 @@ def test_each_harness_module_imports_only_the_layers_below_it():
 # the imports of a command by another module left to move into libraries (each one fewer is
 # progress; a new one fails the test below)
 COMMAND_IMPORTS_LEFT = {
-    ("fairseq_rope_tools.research.ablate_rotation_cost", "fairseq_rope_tools.research.benchmark_speed"),
     ("fairseq_rope_tools.research.benchmark_ctranslate2", "fairseq_rope_tools.deploy.export_ctranslate2"),
     ("fairseq_rope_tools.research.gpu_check_common", "fairseq_rope_tools.research.benchmark_ctranslate2"),
     ("fairseq_rope_tools.research.gpu_check_ctranslate2", "fairseq_rope_tools.research.benchmark_ctranslate2"),

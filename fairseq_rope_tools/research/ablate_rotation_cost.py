@@ -17,9 +17,9 @@ import time
 import torch
 
 from fairseq_rope_tools.cli import add_version_argument, command, progress_sayer
-from fairseq_rope_tools.research.benchmark_speed import ARCHS, build_on, make_batch, train_step
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
+from fairseq_rope_tools.research.speed_measures import ARCHS, build_on, make_batch, train_step
 
 
 @command
