@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -278,6 +279,31 @@ def test_job_slots_split_threads_or_give_each_a_gpu():
     assert [s["OMP_NUM_THREADS"] for s in cpu] == ["3", "3"] and all(s["CPU"] == "1" for s in cpu)
     gpu = compare_schedule.job_slots(4, 1, ["2", "5"])  # at most one run per GPU
     assert [s["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["2", "5"] and all(s["GPUS"] == "1" for s in gpu)
+
+
+def test_a_run_waiting_for_its_start_leaves_the_free_slot_to_the_next(monkeypatch):
+    """--jobs 2, rope then rope_cross@init-from=rope then sinusoidal: while rope trains, its
+    fine-tuning waits, and sinusoidal takes the second slot at once (it would wait for rope to
+    finish if the waiting run held a worker of the pool)."""
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--jobs", "2", "--seeds", "1", "--baseline",
+                                   "rope", "--variants", "rope", "rope_cross@init-from=rope", "sinusoidal"])
+    assert args.variants == ["rope", "rope_cross@init-from=rope", "sinusoidal"]  # the order they are taken in
+    sinusoidal_started, order = threading.Event(), []
+
+    def run_one(args, data, variant, seed, slot, start):
+        order.append(variant)
+        if variant == "rope":  # the start trains until the run after its fine-tuning has begun
+            assert sinusoidal_started.wait(timeout=10), "sinusoidal did not start while rope trained"
+        if variant == "sinusoidal":
+            sinusoidal_started.set()
+        return {"variant": variant, "start": start}
+
+    monkeypatch.setattr(compare_schedule, "run_one", run_one)
+    monkeypatch.setattr(compare_schedule, "log", lambda message: None)
+    results = compare_schedule.run_all(args, None)
+    assert order.index("rope") < order.index("rope_cross@init-from=rope")
+    assert results["rope_cross@init-from=rope"] == [{"variant": "rope_cross@init-from=rope",
+                                                      "start": {"variant": "rope", "start": None}}]
 
 
 def test_run_logged_streams_while_the_command_runs(tmp_path):

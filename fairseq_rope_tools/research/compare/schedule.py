@@ -58,7 +58,10 @@ def run_all(args, data):
     # seed by seed: the runs of one seed finish close together and under the same load, so a
     # comparison stopped half-way already has whole seeds to compare
     tasks = [(v, s) for s in args.seeds for v in in_training_order(args)]
-    with ThreadPoolExecutor(max_workers=len(planned)) as pool:
+    # a worker for each run that may wait for its start besides one per slot: the waiting
+    # never keeps a free slot from the runs after them
+    waiting = sum(1 for variant, _ in tasks if start_of(args, variant))
+    with ThreadPoolExecutor(max_workers=len(planned) + waiting) as pool:
         for task in tasks:
             futures[task] = pool.submit(run, *task)
         try:
