@@ -6,13 +6,7 @@ import math
 import os
 import sys
 
-
-class OneLineError(Exception):
-    """An error whose message names the flag or file and what to do: printed as one line, exit
-    status ``status`` (2, as argparse refuses a flag). The tools' commands report it as they
-    report their own ``UserError``."""
-
-    status = 2
+from fairseq_rope_files import OneLineError  # noqa: F401  (the plugin's modules raise it from here)
 
 
 class OptionError(OneLineError, ValueError):

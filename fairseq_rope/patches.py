@@ -18,7 +18,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from .batching import keep_last_batch
 from .checkpoint_safe_globals import allow_fairseq_checkpoint_types
 from .checkpoints import (
     AtomicCopyPathManager,
@@ -29,6 +28,7 @@ from .checkpoints import (
     trainer_state_dict_recorded,
 )
 from .config_values import one_line_excepthook
+from .last_batch import keep_last_batch
 from .save_dir_lock import verify_save_dir
 from .text_encoders import register_text_encoders
 from .third_party_warnings import quiet_third_party_warnings

@@ -18,24 +18,17 @@ import sys
 import time
 from typing import Callable, Optional
 
+from fairseq_rope_files import OneLineError
 
-class UserError(Exception):
-    """Something the user must change -- a flag, a file, a directory, the machine: the message
-    names it and what to do. A command prints it as ``PROG: error: MESSAGE`` and exits with
-    ``status``: 2 when it is refused before any work (as argparse refuses a flag), 1 when a step
-    fails on the way (a command it runs, an input line it meets). Helpers raise it; only
+
+class UserError(OneLineError):
+    """Something the user must change -- a flag, a file, a directory, the machine (the tools'
+    :class:`~fairseq_rope_files.OneLineError`): status 2 when refused before any work, 1 when a
+    step fails on the way (a command it runs, an input line it meets). Helpers raise it; only
     :func:`command` exits."""
 
     def __init__(self, message: str, status: int = 2):
-        super().__init__(message)
-        self.status = status
-
-
-def _is_plugin_error(error: BaseException) -> bool:
-    """The plugin's own one-line errors (a bad model option ...), when the plugin is loaded: the
-    tools import it lazily, since it loads torch and fairseq."""
-    plugin = sys.modules.get("fairseq_rope.config_values")
-    return plugin is not None and isinstance(error, plugin.OneLineError)
+        super().__init__(message, status)
 
 
 def command(main: Optional[Callable] = None, *, label: Optional[str] = None) -> Callable:
@@ -68,9 +61,9 @@ def command(main: Optional[Callable] = None, *, label: Optional[str] = None) -> 
             sys.stderr.write(f"{heading} interrupted (Ctrl-C)\n")
             sys.exit(128 + signal.SIGINT)
         except Exception as error:
-            if not (isinstance(error, UserError) or _is_plugin_error(error)):
+            if not isinstance(error, OneLineError):  # the tools' UserError and the plugin's errors
                 raise
-            message, status = str(error), getattr(error, "status", 2)
+            message, status = str(error), error.status
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         sys.stderr.write(f"{heading} error: {message}\n")

@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
+import fairseq_rope_files
 from fairseq_rope import checkpoints
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically, saved_model_config
 from fairseq_rope.config_values import OneLineError, OptionError
@@ -150,6 +151,8 @@ def test_unreadable_checkpoint_last_and_nothing_else_stops_in_one_line(tmp_path)
     (tmp_path / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(OneLineError) as e:
         resume_from(tmp_path)
+    assert isinstance(e.value, fairseq_rope_files.OneLineError)  # the class the tools' commands report
+    assert issubclass(OptionError, fairseq_rope_files.OneLineError)
     assert str(e.value) == (f"{tmp_path / 'checkpoint_last.pt'} is unreadable (truncated?) and {tmp_path} holds no "
                             "other readable checkpoint: delete it to train from scratch, or pass --restore-file FILE")
 

@@ -36,6 +36,27 @@ def test_a_user_error_is_one_line_with_its_status(capsys, monkeypatch):
     assert command(lambda argv: 3)([]) == 3 and command(lambda argv: None)([]) is None
 
 
+def test_the_plugin_and_the_tools_raise_one_error_class(capsys, monkeypatch):
+    """fairseq_rope_files.OneLineError is the base of the tools' UserError and of the plugin's
+    errors, whose modules need no torch to say so: a command reports any of them in one line."""
+    from fairseq_rope_files import OneLineError
+
+    monkeypatch.setattr(sys, "argv", ["fairseq-rope-demo"])
+    assert issubclass(UserError, OneLineError) and issubclass(CommandFailed, OneLineError)
+
+    class PluginOptionError(OneLineError, ValueError):  # as fairseq_rope.config_values.OptionError
+        pass
+
+    @command
+    def bad_option(argv):
+        raise PluginOptionError("--rope-theta must be a finite positive number, got 0")
+
+    with pytest.raises(SystemExit) as stopped:
+        bad_option([])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "fairseq-rope-demo: error: --rope-theta must be a finite positive number, got 0\n"
+
+
 def test_other_exceptions_keep_their_traceback():
     @command
     def broken(argv):

@@ -240,7 +240,7 @@ KEPT = [
     ("This DataLoader will create 8 worker processes in total. Our suggested max number of worker in current "
      "system is 2, which is smaller than what this DataLoader is going to create.", UserWarning,
      "torch.utils.data.dataloader"),
-    ("--max-tokens 100 is smaller than the longest sentence", UserWarning, "fairseq_rope.batching"),
+    ("--max-tokens 100 is smaller than the longest sentence", UserWarning, "fairseq_rope.last_batch"),
     ("The strict flag of your config is set", UserWarning, "__main__"),
     (NOISE[-1][0], FutureWarning, "my_training_script"),
     (NOISE[0][0], DeprecationWarning, "hydra.experimental.initialize"),
