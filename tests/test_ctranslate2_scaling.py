@@ -19,7 +19,7 @@ from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, ScalingSpec
 from fairseq_rope_tools.deploy.ctranslate2_scaling import EXPRESSIONS, REFUSALS, fold_logit_multiplier
 
 pytest.importorskip("ctranslate2")
-from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)
+from fairseq_rope_tools.deploy import ctranslate2_spec  # noqa: E402  (after the skip)
 
 
 def test_the_plugins_registry_knows_nothing_of_the_engine():
@@ -38,7 +38,7 @@ def exported_spec(*flags):
     model, dictionary, args = build_model("transformer_rope_tiny", *flags)
     model.eval()
     with torch.no_grad():
-        spec = exporter.build_spec(args, model, SimpleNamespace(source_dictionary=dictionary,
+        spec = ctranslate2_spec.build_spec(args, model, SimpleNamespace(source_dictionary=dictionary,
                                                                 target_dictionary=dictionary))
     return model, spec, args
 

@@ -11,7 +11,9 @@ import pytest
 from conftest import build_model, run_cli, run_cli_streaming
 
 from fairseq_rope_tools.cli import UserError
-from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
+from fairseq_rope_tools.deploy import checkpoint_export as exporter
+from fairseq_rope_tools.deploy import ctranslate2_spec
+from fairseq_rope_tools.deploy.exported import EXPORT_INFO
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -83,7 +85,7 @@ def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name
         run_cli([EXPORT, "--checkpoint", checkpoints[name], "--data-bin", data_bin, "--output-dir", out])
     else:
         exporter.export(str(checkpoints[name]), str(data_bin), str(out))
-    info = json.loads((out / exporter.EXPORT_INFO).read_text())
+    info = json.loads((out / EXPORT_INFO).read_text())
     assert info["checkpoint"] == str(checkpoints[name].resolve()) and info["quantization"] == "none"
     same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 1)
     assert same == 1.0  # greedy: token for token on every sentence
@@ -122,8 +124,8 @@ def test_yarn_with_partial_rotation_equals_the_generate_time_override(trained, t
 @pytest.mark.parametrize("wrong", [{"rotary_interleave": False}, {"rotary_base": 500.0}])
 def test_a_wrong_rotary_setting_breaks_the_equivalence(trained, tmp_path, monkeypatch, wrong):
     data_bin, checkpoints = trained
-    right = exporter._rotary_settings
-    monkeypatch.setattr(exporter, "_rotary_settings", lambda args, head_dim: {**right(args, head_dim), **wrong})
+    right = ctranslate2_spec.rotary_settings
+    monkeypatch.setattr(ctranslate2_spec, "rotary_settings", lambda args, head_dim: {**right(args, head_dim), **wrong})
     out = exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "wrong"))
     same, _, _ = agreement(data_bin, checkpoints["rope"], out, 1)
     assert same < 0.9
@@ -136,7 +138,7 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     data_bin, checkpoints = trained
     exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "float32"))
     int8 = exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "int8"), quantization="int8")
-    assert json.loads((tmp_path / "int8" / exporter.EXPORT_INFO).read_text())["quantization"] == "int8"
+    assert json.loads((tmp_path / "int8" / EXPORT_INFO).read_text())["quantization"] == "int8"
     assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * (tmp_path / "float32" / "model.bin").stat().st_size
     _, fairseq_bleu, int8_bleu = agreement(data_bin, checkpoints["rope"], int8, 4)
     assert int8_bleu > 20, (fairseq_bleu, int8_bleu)
@@ -158,7 +160,7 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
 def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
     _, _, args = build_model(arch, *flags)
     with pytest.raises(UserError, match=re.escape(named)):
-        exporter.check_exportable(args)
+        ctranslate2_spec.check_exportable(args)
 
 
 @pytest.mark.e2e
@@ -207,7 +209,7 @@ def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatc
     """The helpers raise (gpu_check.py calls them too); only the command's entry point exits."""
     import subprocess
 
-    from fairseq_rope_tools.research import benchmark_ctranslate2 as bench
+    from fairseq_rope_tools.research import engine_timings as bench
 
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="RuntimeError: boom\n")
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: failed)

@@ -16,7 +16,9 @@ from conftest import REPO, run_cli
 import fairseq_rope_files as files
 
 pytest.importorskip("ctranslate2")
-from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)
+from fairseq_rope_tools.deploy import checkpoint_export as exporter  # noqa: E402  (after the skip)
+from fairseq_rope_tools.deploy import export_ctranslate2  # noqa: E402
+from fairseq_rope_tools.deploy.exported import EXPORT_INFO  # noqa: E402
 
 # every test converts a checkpoint that a module fixture trains with fairseq-train
 pytestmark = pytest.mark.e2e
@@ -63,7 +65,7 @@ def sha256(path):
 def export_main(capsys, checkpoint, data_bin, output_dir, *extra):
     """main() in-process: (exit status, stderr lines)."""
     try:
-        exporter.main(["--checkpoint", str(checkpoint), "--data-bin", str(data_bin), "--output-dir", str(output_dir),
+        export_ctranslate2.main(["--checkpoint", str(checkpoint), "--data-bin", str(data_bin), "--output-dir", str(output_dir),
                        *extra])
         status = 0
     except SystemExit as e:
@@ -119,7 +121,7 @@ def test_force_replaces_an_empty_directory_or_an_earlier_export(capsys, work, tm
     output_dir = tmp_path / "ct2"
     output_dir.mkdir()
     assert export_main(capsys, checkpoint, data_bin, output_dir, "--force")[0] == 0
-    info = json.loads((output_dir / exporter.EXPORT_INFO).read_text())
+    info = json.loads((output_dir / EXPORT_INFO).read_text())
     # the model's length limits (translate.py refuses longer lines), beside the keys there were
     import torch
 
@@ -130,11 +132,11 @@ def test_force_replaces_an_empty_directory_or_an_earlier_export(capsys, work, tm
     first = (output_dir / "model.bin").stat().st_ino
     status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--force", "--quantization", "int8")
     assert status == 0 and (output_dir / "model.bin").stat().st_ino != first
-    assert json.loads((output_dir / exporter.EXPORT_INFO).read_text())["quantization"] == "int8"
+    assert json.loads((output_dir / EXPORT_INFO).read_text())["quantization"] == "int8"
     assert hidden(tmp_path) == []
     # an export that does not record the length limits (older versions) is exported again
     del info["max_source_positions"]
-    (output_dir / exporter.EXPORT_INFO).write_text(json.dumps(dict(info, quantization="int8")))
+    (output_dir / EXPORT_INFO).write_text(json.dumps(dict(info, quantization="int8")))
     assert not exporter.is_current(str(output_dir), str(checkpoint), "int8")
 
 
@@ -182,12 +184,12 @@ def test_a_checkpoint_replaced_during_the_export_is_not_taken_as_exported(capsys
     output_dir = tmp_path / "ct2"
     assert export_main(capsys, checkpoint, data_bin, output_dir)[0] == 0
     monkeypatch.undo()
-    assert json.loads((output_dir / exporter.EXPORT_INFO).read_text())["sha256"] == converted != newer_sha
+    assert json.loads((output_dir / EXPORT_INFO).read_text())["sha256"] == converted != newer_sha
     assert not exporter.is_current(str(output_dir), str(checkpoint))
     old_model = (output_dir / "model.bin").read_bytes()
     status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--if-changed", "--force")
     assert status == 0 and lines[-1].startswith("wrote ")
-    assert json.loads((output_dir / exporter.EXPORT_INFO).read_text())["sha256"] == newer_sha
+    assert json.loads((output_dir / EXPORT_INFO).read_text())["sha256"] == newer_sha
     assert (output_dir / "model.bin").read_bytes() != old_model
     status, lines = export_main(capsys, checkpoint, data_bin, output_dir, "--if-changed", "--force")
     assert status == 0 and lines[-1].endswith("already: nothing to do")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.data import generate_corpus
+from fairseq_rope_tools.data import synthetic_grammar as gc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def pairs():
 
 
 def _run(out_dir, seed):
-    subprocess.run([sys.executable, "-m", gc.__name__, "--out-dir", str(out_dir), "--seed", str(seed),
+    subprocess.run([sys.executable, "-m", generate_corpus.__name__, "--out-dir", str(out_dir), "--seed", str(seed),
                     "--train-size", "300", "--valid-size", "20", "--test-size", "20"],
                    check=True, capture_output=True)
     return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())}

@@ -13,8 +13,8 @@ from conftest import run_cli, translate_in_process
 from test_export_ctranslate2 import EXPORT, agreement, ct2_translate, fairseq_generate
 
 from fairseq_rope.modules.rotary import inverse_frequencies, yarn_frequencies
-from fairseq_rope_tools.deploy import ctranslate2_engine, ctranslate2_scaling
-from fairseq_rope_tools.deploy import export_ctranslate2 as exporter
+from fairseq_rope_tools.deploy import checkpoint_export as exporter
+from fairseq_rope_tools.deploy import ctranslate2_engine, ctranslate2_scaling, export_ctranslate2
 from fairseq_rope_tools.deploy.ctranslate2_scaling import ctranslate2_rotary_scaling, yarn_divisors
 from fairseq_rope_tools.deploy.exported import (
     EXPORT_INFO,
@@ -197,7 +197,7 @@ def test_a_negative_training_length_is_refused_as_such(tmp_path, capsys):
     (tmp_path / "checkpoint.pt").write_bytes(b"not read")
     (tmp_path / "data-bin").mkdir()
     with pytest.raises(SystemExit) as stopped:
-        exporter.main(["--checkpoint", str(tmp_path / "checkpoint.pt"), "--data-bin", str(tmp_path / "data-bin"),
+        export_ctranslate2.main(["--checkpoint", str(tmp_path / "checkpoint.pt"), "--data-bin", str(tmp_path / "data-bin"),
                        "--output-dir", str(tmp_path / "out"), "--length-buckets", "--rope-scaling-original-length",
                        "-3"])
     err = capsys.readouterr().err

@@ -109,17 +109,17 @@ def test_what_ctranslate2_refuses(scaling, reason):
 def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeypatch):
     """fairseq-rope-export and fairseq-rope-compare read the registry too: the exporter refuses
     or expresses the kind as its table says, the harness decodes with it."""
-    from fairseq_rope_tools.deploy import export_ctranslate2
+    from fairseq_rope_tools.deploy import ctranslate2_spec
     from fairseq_rope_tools.research.compare import cli as compare_cli
     from fairseq_rope_tools.research.compare import decoding as compare_decoding
 
     _, args = parse("--rope-scaling", toy.name, "--rope-scaling-factor", "4", "--rope-scaling-original-length", "16")
-    assert export_ctranslate2._rotary_scaling(args).attributes == {"rotary_scaling_type": "Linear",
+    assert ctranslate2_spec.rotary_scaling(args).attributes == {"rotary_scaling_type": "Linear",
                                                                    "rotary_scaling_factor": 2.0}
     monkeypatch.delitem(ctranslate2_scaling.EXPRESSIONS, toy.name)
     with pytest.raises(UserError, match="^--rope-scaling toy-halved: CTranslate2's rotary "
                                                                "scalings do not include it"):
-        export_ctranslate2.check_exportable(args)
+        ctranslate2_spec.check_exportable(args)
 
     compared = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--extrapolation-scaling", f"{toy.name}:4",
                                    "--rope-scaling-original-length", "16"])

@@ -137,16 +137,6 @@ def test_each_harness_module_imports_only_the_layers_below_it():
         assert not above, f"research/compare/{name}.py imports {sorted(above)}, which are not below it"
 
 
-# the imports of a command by another module left to move into libraries (each one fewer is
-# progress; a new one fails the test below)
-COMMAND_IMPORTS_LEFT = {
-    ("fairseq_rope_tools.research.benchmark_ctranslate2", "fairseq_rope_tools.deploy.export_ctranslate2"),
-    ("fairseq_rope_tools.research.gpu_check_common", "fairseq_rope_tools.research.benchmark_ctranslate2"),
-    ("fairseq_rope_tools.research.gpu_check_ctranslate2", "fairseq_rope_tools.research.benchmark_ctranslate2"),
-    ("fairseq_rope_tools.research.gpu_check_generation", "fairseq_rope_tools.research.benchmark_ctranslate2"),
-}
-
-
 def test_no_module_imports_a_command():
     """A command module holds its parser and main; what two commands need is a library both import."""
     commands = {entry.partition(":")[0] for entry in COMMANDS.values()}
@@ -158,5 +148,16 @@ def test_no_module_imports_a_command():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
             found |= {(module, name) for name in names if name in commands and name != module}
-    assert found - COMMAND_IMPORTS_LEFT == set(), "a module imports a command: move what it needs into a library"
-    assert COMMAND_IMPORTS_LEFT - found == set(), "an import left was moved: drop it from COMMAND_IMPORTS_LEFT"
+    assert found == set(), "a module imports a command: move what it needs into a library"
+
+
+def test_every_command_parses_with_the_one_parser_class():
+    """cli.ArgumentParser (--version, and what to do with a value that starts with '-') is every
+    command's parser: no module builds a plain argparse parser."""
+    plain = set()
+    for path in _python_files("fairseq_rope_tools"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "ArgumentParser"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "argparse"):
+                plain.add(str(path.relative_to(REPO)))
+    assert plain == set(), f"plain argparse parsers: use fairseq_rope_tools.cli.ArgumentParser in {sorted(plain)}"

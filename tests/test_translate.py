@@ -11,7 +11,7 @@ import shutil
 import pytest
 from conftest import BIN, REPO, run_cli
 
-from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.data import synthetic_grammar as gc
 from fairseq_rope_tools.deploy import exported, segmentation, work_dir
 
 ctranslate2 = pytest.importorskip("ctranslate2")

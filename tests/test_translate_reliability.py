@@ -23,7 +23,7 @@ from fairseq_rope_tools.deploy import ctranslate2_engine, fairseq_engine
 from fairseq_rope_tools.deploy import translate as translate_py
 
 pytest.importorskip("ctranslate2")
-from fairseq_rope_tools.deploy import export_ctranslate2 as exporter  # noqa: E402  (after the skip)
+from fairseq_rope_tools.deploy import checkpoint_export as exporter  # noqa: E402  (after the skip)
 
 MAX_SOURCE = 16  # the model's max_source_positions: 15 tokens and the </s> appended
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from fairseq_rope_tools.data import generate_corpus as gc
+from fairseq_rope_tools.data import synthetic_grammar as gc
 from fairseq_rope_tools.data import text_tools as tt
 from fairseq_rope_tools.text_steps import RecipeTokenizer
 

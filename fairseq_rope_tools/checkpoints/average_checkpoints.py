@@ -54,7 +54,7 @@ from fairseq_rope.checkpoints import (
 from fairseq_rope.model_options import computation_options, model_config
 from fairseq_rope.training_lengths import TrainingLengths
 from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem
-from fairseq_rope_tools.cli import UserError, add_version_argument, command
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_RE = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
@@ -220,7 +220,7 @@ def output_problem(output, inputs):
 
 @command
 def main(argv=None):
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description="Average the parameters of several fairseq checkpoints.",
         epilog="For raw text through fairseq-interactive or from_pretrained, put an average in fairseq's\n"
                "pretrained-model layout (model.pt, dict.*.txt, bpecodes):\n"
@@ -228,7 +228,6 @@ def main(argv=None):
                "(examples/wmt14_en_de/average.sh runs both; docs/usage.md#raw-text-through-fairseqs-own-tools)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_version_argument(p)
     p.add_argument("--inputs", required=True, nargs="+",
                    help="checkpoint files, or one directory with --num-*-checkpoints")
     p.add_argument("--output", required=True, metavar="FILE", help="where to write the average")

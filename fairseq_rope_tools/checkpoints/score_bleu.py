@@ -21,12 +21,11 @@ With ``--tokenize``, ``--hyp`` and ``--ref`` are plain text and are Moses-tokeni
 directory, not one of the inputs.
 """
 
-import argparse
 import json
 
 from fairseq_rope_files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import text_lines
-from fairseq_rope_tools.cli import UserError, add_version_argument, command
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.metrics import moses_detokenize, moses_tokenize, score_all
 
 
@@ -43,8 +42,7 @@ def outputs_problem(args):
 
 def run(argv=None) -> dict:
     """The command line's scores, as written by --out-json."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_version_argument(p)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hyp", required=True, help="hypotheses, Moses-tokenized, one per line, in test-set order")
     p.add_argument("--ref", required=True, help="reference, Moses-tokenized the same way")
     p.add_argument("--raw-ref", help="untokenized reference for sacreBLEU (omit to skip sacreBLEU)")

@@ -43,7 +43,6 @@ when complete. Error messages are one line, ``[PREFIX] error: ...`` (PREFIX: $TE
 default ``text_tools``).
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -55,7 +54,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, write_atomically, write_lines_atomically
-from fairseq_rope_tools.cli import UserError, add_version_argument, command, sayer
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.text_steps import RECORD_HEADER, CommandLineReader, RecipeTokenizer, parse_step_record
 
 SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$', re.IGNORECASE)
@@ -323,10 +322,9 @@ def cmd_idx_count(args):
 
 @command(label=f"[{PREFIX}]")
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_version_argument(p)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    reader = argparse.ArgumentParser(add_help=False)
+    reader = ArgumentParser(add_help=False)
     reader.add_argument("--replace-invalid-utf8", action="store_true",
                         help="replace invalid UTF-8 bytes with U+FFFD instead of stopping")
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from fairseq_rope_tools.cli import add_version_argument, command, progress_sayer
+from fairseq_rope_tools.cli import ArgumentParser, command, progress_sayer
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
 from fairseq_rope_tools.research.speed_measures import ARCHS, build_on, make_batch, train_step
@@ -24,8 +24,7 @@ from fairseq_rope_tools.research.speed_measures import ARCHS, build_on, make_bat
 
 @command
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_version_argument(parser)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", choices=sorted(ARCHS), default="base")
     parser.add_argument("--reps", type=int, default=4, help="timed steps per model (after one warm-up)")
     parser.add_argument("--tokens-per-batch", type=int, default=4096)

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
-from fairseq_rope_tools.cli import UserError, add_version_argument, command
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.research.machine import use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
 from fairseq_rope_tools.research.paired_stats import pool_ratios
@@ -137,8 +137,7 @@ def pool_reports(paths, json_out=None):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_version_argument(p)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dims", nargs="+", choices=sorted(ARCHS), default=["tiny", "base"])
     p.add_argument("--reps", type=int, default=7, help="A/B pairs per training and generation row")
     p.add_argument("--steps", type=int, default=1, help="least training steps timed per repetition")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fairseq_rope_tools.cli import sayer, terminate_running
-from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
+from fairseq_rope_tools.research import engine_timings
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,14 @@ class Sizes:
 
 FULL = Sizes(corpus=(30000, 500, 500), bpe_merges=2000, archs={"rope": "transformer_rope", "sinusoidal": "transformer"},
              model_args=(), updates=300, max_tokens=4096, lr=1e-3, log_interval=10, validations=6,
-             max_len=ct2_bench.MAX_LEN, kernel_shapes=((64, 8, 8, 64), (33, 5, 12, 80), (17, 3, 16, 128)),
+             max_len=engine_timings.MAX_LEN, kernel_shapes=((64, 8, 8, 64), (33, 5, 12, 80), (17, 3, 16, 128)),
              kernel_cases="all", bandwidth_shape=(1024, 64, 16, 64), bandwidth_reps=20, copy_bytes=1 << 30, lanes=1)
 
 
 TINY = Sizes(corpus=(300, 20, 20), bpe_merges=200,
              archs={"rope": "transformer_rope_tiny", "sinusoidal": "transformer_tiny"},
              model_args=("--encoder-layers", "1", "--decoder-layers", "1"), updates=60, max_tokens=1024, lr=3e-3,
-             log_interval=10, validations=2, max_len=ct2_bench.MAX_LEN, kernel_shapes=((3, 2, 3, 16),),
+             log_interval=10, validations=2, max_len=engine_timings.MAX_LEN, kernel_shapes=((3, 2, 3, 16),),
              kernel_cases="covering",
              bandwidth_shape=(4, 2, 2, 16), bandwidth_reps=3, copy_bytes=1 << 20, lanes=2)
 

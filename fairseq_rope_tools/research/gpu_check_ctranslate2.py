@@ -2,26 +2,26 @@
 and decoded on the device by fairseq-rope-translate's CTranslate2 engine, through
 fairseq-rope-benchmark-ct2's worker, against fairseq-generate's hypotheses."""
 
-from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
+from fairseq_rope_tools.research import engine_timings
 
 
 def ctranslate2_section(training, data_bin, work_dir, device, sizes, threads, decodes):
-    problem = ct2_bench.device_problem(device)  # a CTranslate2 wheel without CUDA, a GPU without float16, ...
+    problem = engine_timings.device_problem(device)  # a CTranslate2 wheel without CUDA, a GPU without float16, ...
     if problem:
         raise RuntimeError(problem)
     checkpoint = training["runs"]["rope fp32"]["checkpoint"]
-    configs = ct2_bench.CT2_CONFIGS[device]
-    models = {q: ct2_bench.export(checkpoint, data_bin, work_dir / "ct2", q)
+    configs = engine_timings.CT2_CONFIGS[device]
+    models = {q: engine_timings.export(checkpoint, data_bin, work_dir / "ct2", q)
               for q in dict.fromkeys(q for _, q, _ in configs)}
     rows = []
     for compute_type, quantization, precision in configs:
         fairseq_seconds, sources, reference = decodes["rope", precision]
         ids = sorted(sources)
-        seconds, hyps = ct2_bench.ct2_translate(models[quantization], compute_type, None, threads,
+        seconds, hyps = engine_timings.ct2_translate(models[quantization], compute_type, None, threads,
                                                 [sources[i] for i in ids], device, sizes.max_len)
         rows.append({"compute_type": compute_type, "weights": "float32" if quantization == "none" else quantization,
                      "compared_with": f"fairseq-generate {precision}", "sentences": len(ids),
-                     "identical": ct2_bench.identical_count(hyps, [reference[i] for i in ids]),
+                     "identical": engine_timings.identical_count(hyps, [reference[i] for i in ids]),
                      # fairseq forces and scores </s> after the last token there, CTranslate2 stops: may differ
                      "fairseq_at_length_limit": sum(len(reference[i]) >= sizes.max_len for i in ids),
                      "sentences_per_second": round(len(ids) / seconds, 1),

@@ -1,7 +1,7 @@
 """fairseq-rope-gpu-check, sections 4 and 5: the fp32-trained models decode the test set with
 fairseq-generate (fairseq-rope-benchmark-ct2's settings), and the RoPE / sinusoidal speed ratios."""
 
-from fairseq_rope_tools.research import benchmark_ctranslate2 as ct2_bench
+from fairseq_rope_tools.research import engine_timings
 from fairseq_rope_tools.research.gpu_check_common import run_lanes
 from fairseq_rope_tools.research.gpu_check_training import MODELS, PRECISIONS, REFERENCE_ROTATION_RUN
 
@@ -12,17 +12,18 @@ def generation_section(training, data_bin, device, sizes, threads, decodes):
     jobs = {}
     for model in MODELS:
         checkpoint = training["runs"][f"{model} fp32"]["checkpoint"]
-        for precision in ct2_bench.FAIRSEQ_PRECISIONS[device]:
-            jobs[(model, precision)] = (lambda checkpoint=checkpoint, precision=precision: ct2_bench.fairseq_generate(
-                checkpoint, data_bin, threads, device, precision, sizes.max_len))
+        for precision in engine_timings.FAIRSEQ_PRECISIONS[device]:
+            jobs[(model, precision)] = (lambda checkpoint=checkpoint, precision=precision:
+                                        engine_timings.fairseq_generate(checkpoint, data_bin, threads, device,
+                                                                        precision, sizes.max_len))
     rows = {}
     for (model, precision), (seconds, sources, hyps, _) in run_lanes(jobs, sizes.lanes).items():
         decodes[model, precision] = seconds, sources, hyps
         rows[f"{model} {precision}"] = {"sentences": len(hyps), "seconds": round(seconds, 3),
                                         "sentences_per_second": round(len(hyps) / seconds, 1),
                                         "tokens_per_second": round(sum(map(len, hyps.values())) / seconds, 1)}
-    return {"beam": ct2_bench.BEAM, "lenpen": ct2_bench.LENPEN, "max_len": sizes.max_len,
-            "batch_size": ct2_bench.BATCH, "runs": rows}
+    return {"beam": engine_timings.BEAM, "lenpen": engine_timings.LENPEN, "max_len": sizes.max_len,
+            "batch_size": engine_timings.BATCH, "runs": rows}
 
 
 def speed_section(training, generation):

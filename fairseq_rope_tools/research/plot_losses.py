@@ -10,18 +10,16 @@ for an update wins. Writes a PNG with matplotlib's Agg backend (no display neede
 and prints its path.
 """
 
-import argparse
 import os
 
 from fairseq_rope_files import outputs_over_inputs_problem
-from fairseq_rope_tools.cli import UserError, add_version_argument, command
+from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.research.loss_plots import parse_log, plot
 
 
 @command
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_version_argument(p)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("logs", nargs="*", help="fairseq-train log file(s)")
     p.add_argument("--log", action="append", default=[], help="another log (same as a positional one)")
     p.add_argument("--label", action="append", default=[], help="legend label for each log, in order")

@@ -5,13 +5,12 @@ relative distance (Section 3.4.3, eqs. 35-37), straight from the formula.
 Usage: ``fairseq-rope-plot-decay --out rope_decay.png [--dim 128] [--max-distance 256]``
 """
 
-import argparse
 import logging
 
 import torch
 
 from fairseq_rope.modules.rotary import inverse_frequencies
-from fairseq_rope_tools.cli import add_version_argument, command
+from fairseq_rope_tools.cli import ArgumentParser, command
 
 
 def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 10000.0):
@@ -25,8 +24,7 @@ def relative_upper_bound(relative_distance, rotary_dim: int, theta: float = 1000
 
 @command
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_version_argument(p)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--dim", type=int, default=128, help="rotary dimension d (even)")
     p.add_argument("--theta", type=float, nargs="+", default=[10000.0], help="RoPE base(s), one curve each")
