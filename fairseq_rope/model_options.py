@@ -61,13 +61,6 @@ def plugin_model_name(arch):
     return name if name in plugin_models() else None
 
 
-def model_config(state):
-    """The model configuration saved in a fairseq checkpoint (``cfg.model`` or legacy ``args``)."""
-    cfg = state.get("cfg")
-    model_cfg = config_value(cfg, "model") if cfg is not None else None
-    return model_cfg if model_cfg is not None else state.get("args")
-
-
 def computation_options(model_cfg) -> dict:
     """Every option of a saved model configuration that changes what its weights compute."""
     arch = config_value(model_cfg, "arch") or config_value(model_cfg, "_name")

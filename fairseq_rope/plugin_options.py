@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from .checkpoint_files import resumed_checkpoint, saved_model_config
 from .config_values import OptionError, check_finite_positive
 from .modules.random_positions import check_range_factor
 from .modules.relative_position_attention import check_max_distance
@@ -74,8 +75,6 @@ def _check_scaling(args) -> None:
     if not length and scaling_spec(args.rope_scaling).needs_training_length:
         # fairseq-train builds the model from the command line, before it loads the checkpoint it
         # resumes: the L that checkpoint records is not known yet, so the user must give it
-        from .checkpoints import resumed_checkpoint, saved_model_config  # (they import this table)
-
         checkpoint = resumed_checkpoint(args)
         recorded = recorded_training_length(saved_model_config(checkpoint)) if checkpoint else 0
         if recorded:

@@ -18,7 +18,8 @@ from conftest import REPO, run_cli
 
 import fairseq_rope_files
 from fairseq_rope import checkpoints
-from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically, saved_model_config
+from fairseq_rope.checkpoint_files import saved_model_config
+from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
 from fairseq_rope.config_values import OneLineError, OptionError
 from fairseq_rope_files import remove_stale_temporaries, write_atomically
 

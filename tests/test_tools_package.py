@@ -13,12 +13,12 @@ from conftest import BIN, REPO
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 COMMANDS = PYPROJECT["project"]["scripts"]
 
+# the harness's modules, each importing only those before it
+HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", "schedule", "cli")
 # Translating with CTranslate2 and the recipe's text steps run where torch is not wanted (a
 # deploy machine, a data-preparation job): these modules, and whatever they import, must not
 # import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
 # end to end without them (test_translate_reliability.py).
-# the harness's modules, each importing only those before it
-HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", "schedule", "cli")
 TORCH_FREE = (
     "fairseq_rope_files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.text_steps",
     "fairseq_rope_tools.user_dir",
@@ -33,7 +33,8 @@ TORCH_FREE = (
     "fairseq_rope_tools.deploy.service_metrics", "fairseq_rope_tools.deploy.bundle_files",
     "fairseq_rope_tools.research.benchmark_serve",
     "fairseq_rope_tools.data.text_tools",
-    "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.gettext_corpus",
+    "fairseq_rope_tools.data.generate_corpus", "fairseq_rope_tools.data.synthetic_grammar",
+    "fairseq_rope_tools.data.gettext_corpus",
     "fairseq_rope_tools.checkpoints.score_bleu", "fairseq_rope_tools.metrics", "fairseq_rope_tools.research.plot_losses",
     "fairseq_rope_tools.research.loss_plots",
     # the harness, every module of it (cli reads the scaling registry only when asked for)
@@ -91,6 +92,45 @@ def test_layers_import_only_downwards():
     offenders = [(name, module) for name, packages in above.items() for module in _imported_modules(REPO / name)
                  if module.split(".")[0] in packages]
     assert offenders == []
+
+
+def _module_imports(path, package_root):
+    """The modules of the project ``path`` imports, anywhere in it (lazy imports included), its
+    relative imports resolved."""
+    module = ".".join(path.relative_to(package_root).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def test_no_import_circle():
+    """No module imports, however lazily, a module that imports it back (through any chain)."""
+    files = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in _python_files("fairseq_rope", "fairseq_rope_tools")}
+    graph = {name: {m for m in _module_imports(path, REPO) if m in files and m != name} for name, path in files.items()}
+    circles, state = [], {}
+
+    def visit(name, chain):
+        state[name] = "open"
+        for imported in sorted(graph[name]):
+            if state.get(imported) == "open":
+                circles.append(chain[chain.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, chain + [imported])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)
 
 
 def test_nothing_is_imported_by_its_path():

@@ -24,9 +24,10 @@ from test_average_checkpoints import make_checkpoint, random_params, stopped
 from test_checkpoints import train_args, updates_in
 
 from fairseq_rope import checkpoints, save_dir_lock
+from fairseq_rope.checkpoint_files import model_config
 from fairseq_rope.checkpoints import DICTIONARIES, TRAINING_CHECKPOINT, dictionary_fingerprint
 from fairseq_rope.config_values import OneLineError, OptionError
-from fairseq_rope.model_options import check_resumed_model, model_config
+from fairseq_rope.model_options import check_resumed_model
 from fairseq_rope.save_dir_lock import lock_file, lock_save_dir
 from fairseq_rope.training_lengths import covering_length
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg

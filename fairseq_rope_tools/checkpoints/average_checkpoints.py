@@ -42,6 +42,7 @@ import sys
 
 import torch
 
+from fairseq_rope.checkpoint_files import model_config
 from fairseq_rope.checkpoint_safe_globals import safe_load_kwargs
 from fairseq_rope.checkpoints import (
     DICTIONARIES,
@@ -51,7 +52,7 @@ from fairseq_rope.checkpoints import (
     load_cheaply,
     save_checkpoint_atomically,
 )
-from fairseq_rope.model_options import computation_options, model_config
+from fairseq_rope.model_options import computation_options
 from fairseq_rope.training_lengths import TrainingLengths
 from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command

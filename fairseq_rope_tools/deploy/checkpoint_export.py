@@ -10,10 +10,10 @@ import os
 from typing import Optional
 
 import fairseq_rope  # noqa: F401  (registers the models, allow-lists checkpoint types)
-from fairseq_rope.checkpoints import is_readable_checkpoint
+from fairseq_rope.checkpoint_files import is_readable_checkpoint, model_config
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.initialization import ORIGIN
-from fairseq_rope.model_options import model_config, registered_model_name
+from fairseq_rope.model_options import registered_model_name
 from fairseq_rope.training_lengths import training_length
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.ctranslate2_spec import build_spec, check_exportable

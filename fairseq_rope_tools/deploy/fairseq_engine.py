@@ -59,7 +59,7 @@ class FairseqEngine(Engine):
         from fairseq import checkpoint_utils, utils
         from fairseq.hub_utils import GeneratorHubInterface
 
-        from fairseq_rope.checkpoints import is_legacy_checkpoint, is_readable_checkpoint
+        from fairseq_rope.checkpoint_files import is_legacy_checkpoint, is_readable_checkpoint
 
         overrides = dict(data=str(data_bin.resolve()), user_dir=plugin_dir(), source_lang=src, target_lang=tgt)
         utils.import_user_module(Namespace(user_dir=overrides["user_dir"]))
