@@ -148,3 +148,25 @@ def test_nbest_output_formats():
     assert records == [{"line": 1, "translations": [{"text": "Der Hun@@ d", "score": -0.5},
                                                     {"text": "Ein Hund", "score": -0.75}]},
                        {"line": 2, "translations": []}, {"line": 3, "translations": [], "skipped": "too long"}]
+
+
+def test_the_model_setup_is_returned_and_the_flags_stay_as_given(tmp_path):
+    """check_model reads the parsed flags and returns what it found (ModelSetup); the flags are
+    left as the user gave them."""
+    from fairseq_rope_tools.deploy import model_setup, translate
+
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    for lang in ("en", "de"):
+        (data_bin / f"dict.{lang}.txt").write_text("a 1\n", encoding="utf-8")
+    (data_bin / "bpe_type").write_text("subword_nmt\n", encoding="utf-8")
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"weights")  # only its existence is checked before loading
+    args = translate.parse_args(["--engine", "fairseq", "--checkpoint", str(checkpoint), "--data-bin", str(data_bin),
+                                 "--src", "en", "--tgt", "de", "--input-format", "bpe", str(tmp_path / "in.txt")])
+    given = dict(vars(args))
+    setup = model_setup.check_model(args, args.engine, args.checkpoint, args.input_format, args.output_format)
+    assert vars(args) == given
+    assert setup == model_setup.ModelSetup("fairseq", output_format="detok", input_format="bpe",
+                                           checkpoint=str(checkpoint), data_bin=data_bin, src="en", tgt="de",
+                                           bpe_type="subword_nmt")

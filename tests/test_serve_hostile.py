@@ -47,9 +47,7 @@ class CountingService(HeldService):
 
 
 def args_with(*flags):
-    args = serve.parse_args(["--model-dir", "unused", "--port", "0", "--max-batch-wait", "0", *map(str, flags)])
-    args.output_format, args.bpe_type, args.tgt = "bpe", None, None
-    return args
+    return serve.parse_args(["--model-dir", "unused", "--port", "0", "--max-batch-wait", "0", *map(str, flags)])
 
 
 def served(client, *flags, delay=0.0, gate=None):

@@ -21,6 +21,7 @@ from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy import length_buckets
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
+from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
 
 serve = pytest.importorskip("fairseq_rope_tools.deploy.serve")
@@ -235,11 +236,15 @@ def test_a_bad_value_is_named(payload, message):
 
 
 # --- the server: alive at once, ready once the model is loaded ------------------------------------------
+#: a stand-in model's setup: its tokens are the output, as they come
+TOKENS_AS_THEY_COME = ModelSetup("ctranslate2", output_format="bpe", model_dir="unused")
+
+
 class HeldService(serve.Service):
     """The model loads when ``loaded`` is set (or fails with ``failure``): a Reverser, no segmentation."""
 
     def __init__(self, args, failure=None):
-        super().__init__(args)
+        super().__init__(args, TOKENS_AS_THEY_COME)
         self.loaded, self.failure = threading.Event(), failure
 
     def load(self):
@@ -250,9 +255,7 @@ class HeldService(serve.Service):
 
 
 def server_args():
-    args = serve.parse_args(["--model-dir", "unused", "--port", "0", "--max-batch-wait", "0"])
-    args.output_format, args.bpe_type, args.tgt = "bpe", None, None  # the model's tokens, as they come
-    return args
+    return serve.parse_args(["--model-dir", "unused", "--port", "0", "--max-batch-wait", "0"])
 
 
 def http(port, method, path, payload=None):

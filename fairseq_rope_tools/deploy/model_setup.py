@@ -4,38 +4,62 @@ bundle against its manifest, the work dir and data-bin, the languages, the segme
 text, the vocabularies against the dictionaries) before any text is read; and the engines that
 open it (``ENGINES``: one function of the parsed flags per engine)."""
 
+import dataclasses
 import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError, sayer
 from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
-from fairseq_rope_tools.deploy.segmentation import first_line
+from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy.segmentation import Segmentation, first_line
 
 say = sayer("translate")  # the messages of the setup are fairseq-rope-translate's, in serve too
 
 
-def open_ctranslate2(args):
-    """A CTranslate2 export, or the router over a --length-buckets export's models."""
+@dataclass(frozen=True)
+class ModelSetup:
+    """The model :func:`check_model` found, every file and flag checked: the engine and its files,
+    the languages, and the text steps around the model. The paths of the model are as given."""
+
+    engine: str                                  # a key of ENGINES
+    output_format: str                           # one of segmentation.OUTPUT_FORMATS
+    input_format: str = "raw"                    # raw text, or the model's tokens ("bpe")
+    model_dir: Optional[str] = None              # what --engine ctranslate2 loads
+    checkpoint: Optional[str] = None             # what --engine fairseq loads
+    bundle: Optional[dict] = None                # the verified manifest of --model-dir (None: no bundle)
+    work_dir: Optional[Path] = None
+    data_bin: Optional[Path] = None
+    src: Optional[str] = None
+    tgt: Optional[str] = None
+    bpe_type: Optional[str] = None
+    segmentation: Optional[Segmentation] = None  # of raw input (None: tokens are taken as they come)
+
+
+def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
+    """A CTranslate2 export, or the router over a --length-buckets export's models (every bucket
+    used kept loaded with ``keep_loaded``, as lines from a stream come mixed)."""
     from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine
 
     def open_model(model_dir):
-        return CTranslate2Engine(model_dir, args.decoding, args.device, args.compute_type, args.threads)
+        return CTranslate2Engine(model_dir, decoding, args.device, args.compute_type, args.threads)
 
-    if exported.is_bucket_export(args.model_dir):
+    if exported.is_bucket_export(setup.model_dir):
         from fairseq_rope_tools.deploy.length_buckets import LengthBuckets
 
-        engine = LengthBuckets(args.model_dir, open_model, keep_loaded=args.streaming)
+        engine = LengthBuckets(setup.model_dir, open_model, keep_loaded=keep_loaded)
     else:
-        engine = open_model(args.model_dir)
-    engine.max_source = args.max_source_positions or recorded_limit(args.model_dir)  # of an export that loaded
+        engine = open_model(setup.model_dir)
+    engine.max_source = args.max_source_positions or recorded_limit(setup.model_dir)  # of an export that loaded
     return engine
 
 
-def open_fairseq(args):
+def open_fairseq(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
     from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
 
-    return FairseqEngine(args.checkpoint, args.data_bin, args.src, args.tgt, args.decoding, args.device,
+    return FairseqEngine(setup.checkpoint, setup.data_bin, setup.src, setup.tgt, decoding, args.device,
                          args.compute_type, args.threads, args.max_source_positions)
 
 
@@ -90,34 +114,36 @@ def check_model_arguments(p, args, minimums=()):
         p.error("--lenpen must be a number")
 
 
-def check_model(args):
-    """The model, its languages and its segmentation (fairseq-rope-serve's setup too): the engine
-    and its files, the bundle verified against its manifest, the work dir and data-bin, the
-    languages, the segmentation of raw text, and the vocabularies against the dictionaries.
+def check_model(args, engine: Optional[str] = None, checkpoint: Optional[str] = None, input_format: str = "raw",
+                output_format: Optional[str] = None) -> ModelSetup:
+    """The model, its languages and its segmentation, from the flags of :func:`add_model_arguments`
+    in ``args`` and the command's own (fairseq-rope-serve's: a CTranslate2 bundle, raw text): the
+    engine and its files, the bundle verified against its manifest, the work dir and data-bin,
+    the languages, the segmentation of raw text, and the vocabularies against the dictionaries.
     Raises UserError."""
-    if args.engine is None:
+    if engine is None:
         if args.model_dir:
-            args.engine = "ctranslate2"
-        elif args.checkpoint:
-            args.engine = "fairseq"
+            engine = "ctranslate2"
+        elif checkpoint:
+            engine = "fairseq"
         else:
             raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
-    args.bundle = None
-    if args.engine == "ctranslate2":
+    bundle = None
+    if engine == "ctranslate2":
         if not args.model_dir:
             raise UserError("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
         if not Path(args.model_dir).is_dir():
             raise UserError(f"--model-dir {args.model_dir} is not a directory")
-        args.bundle = verified_bundle(args.model_dir)
+        bundle = verified_bundle(args.model_dir)
     else:
-        if not args.checkpoint:
+        if not checkpoint:
             raise UserError("--engine fairseq needs --checkpoint CKPT")
         missing = [name for name in ("torch", "fairseq") if importlib.util.find_spec(name) is None]
         if missing:  # a deployment installs neither (docs/deploy.md)
             raise UserError(f"--engine fairseq needs {' and '.join(missing)}, which this environment lacks: install "
                             "them (docs/usage.md#install), or translate an export with --model-dir")
-        if not Path(args.checkpoint).is_file():
-            raise UserError(f"--checkpoint {args.checkpoint} is not a file")
+        if not Path(checkpoint).is_file():
+            raise UserError(f"--checkpoint {checkpoint} is not a file")
         if args.compute_type not in fairseq_engine.COMPUTE_TYPES:
             raise UserError(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
                             f"{', '.join(fairseq_engine.COMPUTE_TYPES)}")
@@ -126,18 +152,19 @@ def check_model(args):
     work = Path(args.work_dir) if args.work_dir else None
     if work is not None and not work.is_dir():
         raise UserError(f"--work-dir {work} is not a directory")
-    args.work_dir = work
-    args.data_bin = Path(args.data_bin) if args.data_bin else (work / "data-bin" if work else None)
-    if args.data_bin is not None and not args.data_bin.is_dir():
-        raise UserError(f"--data-bin {args.data_bin} is not a directory" if work is None or
-                        args.data_bin != work / "data-bin" else
-                        f"--work-dir {work} has no data-bin/: run prepare.sh first (or give --data-bin)")
-    if args.engine == "fairseq" and args.data_bin is None:
+    data_bin = Path(args.data_bin) if args.data_bin else (work / "data-bin" if work else None)
+    if data_bin is not None and not data_bin.is_dir():
+        raise UserError(f"--data-bin {data_bin} is not a directory" if work is None or data_bin != work / "data-bin"
+                        else f"--work-dir {work} has no data-bin/: run prepare.sh first (or give --data-bin)")
+    if engine == "fairseq" and data_bin is None:
         raise UserError("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
-    check_languages(args)
-    check_segmentation(args)
-    if args.engine == "ctranslate2" and args.data_bin is not None:
-        check_vocabulary(args)
+    src, tgt = check_languages(args.src, args.tgt, data_bin, args.model_dir, bundle)
+    setup = ModelSetup(engine, output_format, input_format, args.model_dir, checkpoint, bundle, work, data_bin, src,
+                       tgt)
+    setup = check_segmentation(setup)
+    if engine == "ctranslate2" and data_bin is not None:
+        check_vocabulary(setup)
+    return setup
 
 
 def verified_bundle(model_dir):
@@ -152,60 +179,68 @@ def verified_bundle(model_dir):
                         + (f" {again}" if again else "")) from None
 
 
-def check_languages(args):
-    """--src/--tgt: as the bundle and the data-bin record them (given, they must agree)."""
+def check_languages(src: Optional[str], tgt: Optional[str], data_bin: Optional[Path], model_dir,
+                    bundle: Optional[dict]) -> Tuple[Optional[str], Optional[str]]:
+    """--src/--tgt (``src``, ``tgt``: as given): as the bundle and the data-bin record them (given,
+    they must agree)."""
     recorded = {}
-    src, tgt = work_dir.languages_of(args.data_bin)
-    if src and tgt:
-        recorded[f"the data-bin {args.data_bin}"] = (src, tgt)
-    if args.bundle is not None:
-        recorded[f"--model-dir {args.model_dir}"] = (args.bundle["source_language"], args.bundle["target_language"])
-    for where, (src, tgt) in recorded.items():
-        if (args.src or src, args.tgt or tgt) != (src, tgt):  # swapped, one side repeated, another pair
-            raise UserError(f"--src {args.src or src} --tgt {args.tgt or tgt}: {where} is for {src}-{tgt} "
-                            f"(translating {src} to {tgt}): pass --src {src} --tgt {tgt}, or leave both out")
-        args.src, args.tgt = src, tgt
+    data_src, data_tgt = work_dir.languages_of(data_bin)
+    if data_src and data_tgt:
+        recorded[f"the data-bin {data_bin}"] = (data_src, data_tgt)
+    if bundle is not None:
+        recorded[f"--model-dir {model_dir}"] = (bundle["source_language"], bundle["target_language"])
+    for where, (recorded_src, recorded_tgt) in recorded.items():
+        if (src or recorded_src, tgt or recorded_tgt) != (recorded_src, recorded_tgt):  # swapped, another pair
+            raise UserError(f"--src {src or recorded_src} --tgt {tgt or recorded_tgt}: {where} is for "
+                            f"{recorded_src}-{recorded_tgt} (translating {recorded_src} to {recorded_tgt}): pass "
+                            f"--src {recorded_src} --tgt {recorded_tgt}, or leave both out")
+        src, tgt = recorded_src, recorded_tgt
+    return src, tgt
 
 
-def check_segmentation(args):
-    """args.segmentation (raw input), args.bpe_type and args.output_format, from the bundle or the work dir."""
-    held = exported.bundle_segmentation(args.model_dir, args.bundle) if args.bundle else None
-    tokenized = held.tokenize if held else (args.work_dir is None or work_dir.is_tokenized(args.work_dir))
-    if args.output_format is None:
-        args.output_format = "detok" if tokenized else "tok"
+def check_segmentation(setup: ModelSetup) -> ModelSetup:
+    """``setup`` with its segmentation (raw input), BPE kind and output format (when not given),
+    from the bundle or the work dir."""
+    held = exported.bundle_segmentation(setup.model_dir, setup.bundle) if setup.bundle else None
+    tokenized = held.tokenize if held else (setup.work_dir is None or work_dir.is_tokenized(setup.work_dir))
+    output_format = setup.output_format
+    if output_format is None:
+        output_format = "detok" if tokenized else "tok"
         if not tokenized:
-            say(f"{held.origin if held else args.work_dir} was prepared with --no-tokenize: input is taken as "
+            say(f"{held.origin if held else setup.work_dir} was prepared with --no-tokenize: input is taken as "
                 "tokenized and the output is left tokenized (--output-format tok)")
-    needs = {"--src": args.src is None and (args.input_format == "raw" or args.engine == "fairseq"),
-             "--tgt": args.tgt is None and (args.output_format == "detok" or args.engine == "fairseq")}
+    src, tgt, data_bin = setup.src, setup.tgt, setup.data_bin
+    needs = {"--src": src is None and (setup.input_format == "raw" or setup.engine == "fairseq"),
+             "--tgt": tgt is None and (output_format == "detok" or setup.engine == "fairseq")}
     for flag, missing in needs.items():
         if missing:
-            where = f"the data-bin {args.data_bin} does not record it" if args.data_bin else "there is no data-bin"
+            where = f"the data-bin {data_bin} does not record it" if data_bin else "there is no data-bin"
             raise UserError(f"{flag}: cannot tell the language ({where}); pass {flag}")
-    if args.data_bin is not None:
-        for lang in filter(None, (args.src, args.tgt)):
-            if not (args.data_bin / f"dict.{lang}.txt").is_file():
-                raise UserError(f"--data-bin {args.data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
+    if data_bin is not None:
+        for lang in filter(None, (src, tgt)):
+            if not (data_bin / f"dict.{lang}.txt").is_file():
+                raise UserError(f"--data-bin {data_bin} has no dict.{lang}.txt: wrong --src/--tgt, or not "
                                 "the data-bin of this model")
-    args.bpe_type = held.bpe_type if held else work_dir.bpe_type_of(args.data_bin, args.work_dir)
-    args.segmentation = None
-    if args.input_format == "raw":
-        if held is None and args.work_dir is None:
+    bpe_type = held.bpe_type if held else work_dir.bpe_type_of(data_bin, setup.work_dir)
+    segmentation = None
+    if setup.input_format == "raw":
+        if held is None and setup.work_dir is None:
             raise UserError("--work-dir is needed to tokenize and BPE raw text: the directory prepare.sh wrote (or "
                             "pass --input-format bpe, or export a bundle with fairseq-rope-export --work-dir)")
-        if args.bpe_type is None:
-            where = args.data_bin or args.work_dir
+        if bpe_type is None:
+            where = data_bin or setup.work_dir
             raise UserError(f"cannot tell the BPE kind: {where}/bpe_type is missing")
-        given = args.work_dir and work_dir.segmentation_of(args.work_dir, args.src, args.tgt, args.bpe_type)
-        if held and given and not exported.bundle_holds(args.bundle, args.src, args.tgt, given):
-            raise UserError(f"--work-dir {args.work_dir}: its segmentation (bpe/ and tok/ steps) is not the one "
-                            f"--model-dir {args.model_dir} holds: leave --work-dir out (the bundle has its own), or "
+        given = setup.work_dir and work_dir.segmentation_of(setup.work_dir, src, tgt, bpe_type)
+        if held and given and not exported.bundle_holds(setup.bundle, src, tgt, given):
+            raise UserError(f"--work-dir {setup.work_dir}: its segmentation (bpe/ and tok/ steps) is not the one "
+                            f"--model-dir {setup.model_dir} holds: leave --work-dir out (the bundle has its own), or "
                             "give the work dir the model was trained on")
-        args.segmentation = held or given
-    elif args.bpe_type is None and args.output_format != "bpe":
-        where = args.data_bin or args.work_dir
+        segmentation = held or given
+    elif bpe_type is None and output_format != "bpe":
+        where = data_bin or setup.work_dir
         raise UserError(f"cannot tell the BPE kind: {where}/bpe_type is missing" if where else
                         "cannot tell the BPE kind: give --work-dir or --data-bin (its bpe_type file)")
+    return dataclasses.replace(setup, output_format=output_format, bpe_type=bpe_type, segmentation=segmentation)
 
 
 def recorded_limit(model_dir):
@@ -222,24 +257,24 @@ def recorded_limit(model_dir):
     return limit
 
 
-def check_vocabulary(args):
+def check_vocabulary(setup: ModelSetup) -> None:
     """The CTranslate2 model was exported with this data-bin's dictionaries, token for token in
     the same order (each bucket of a --length-buckets export is a model of its own: every one)."""
-    model_dir = Path(args.model_dir)
+    model_dir = Path(setup.model_dir)
     model_dirs = [model_dir]
     if exported.is_bucket_export(model_dir):
         from fairseq_rope_tools.deploy.length_buckets import bucket_manifest
 
         model_dirs = [model_dir / b["directory"] for b in bucket_manifest(model_dir)["buckets"]]
     for directory in model_dirs:
-        for side, lang in (("source", args.src), ("target", args.tgt)):
+        for side, lang in (("source", setup.src), ("target", setup.tgt)):
             if lang is None:
                 continue
             try:
                 path, vocab = exported.read_vocabulary(directory, side)
             except (OSError, ValueError) as e:
-                raise UserError(f"--model-dir {args.model_dir}: {first_line(e)}: export the model again") from None
-            problem = vocab and work_dir.vocabulary_problem(vocab, path, args.data_bin / f"dict.{lang}.txt")
+                raise UserError(f"--model-dir {setup.model_dir}: {first_line(e)}: export the model again") from None
+            problem = vocab and work_dir.vocabulary_problem(vocab, path, setup.data_bin / f"dict.{lang}.txt")
             if problem:
-                raise UserError(f"--model-dir {args.model_dir} was not exported with the dictionary of "
-                                f"{args.data_bin}: {problem}: give the work dir / data-bin the model was trained on")
+                raise UserError(f"--model-dir {setup.model_dir} was not exported with the dictionary of "
+                                f"{setup.data_bin}: {problem}: give the work dir / data-bin the model was trained on")

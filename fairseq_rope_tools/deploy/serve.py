@@ -142,19 +142,16 @@ def parse_args(argv):
     if args.allowed_hosts is not None and not hosts:
         p.error("--allowed-hosts: give host names separated by commas, e.g. --allowed-hosts localhost,mt.example.org")
     args.allowed_hosts = hosts or None
-    args.decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)  # a request's own beam_size, nbest: its own
     return args
 
 
-def check_model(args):
+def check_model(args) -> model_setup.ModelSetup:
     """The model and its segmentation as fairseq-rope-translate checks them for raw text from
     a file (model_setup.check_model): a bundle verified against its manifest, the languages, the
     vocabularies. Raises UserError."""
-    args.engine, args.checkpoint, args.input_format, args.output_format = "ctranslate2", None, "raw", None
     if not args.model_dir:
         raise UserError("give --model-dir: a bundle written by fairseq-rope-export")
-    model_setup.check_model(args)
-    args.streaming = True  # requests come mixed, as a stream's lines: every bucket used stays loaded
+    return model_setup.check_model(args, engine="ctranslate2", input_format="raw")
 
 
 # --- HTTP ------------------------------------------------------------------------------------------
@@ -389,8 +386,11 @@ def main(argv=None):
         verb = "is" if len(missing) == 1 else "are"
         raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
                         "'fairseq-rope[serve]' (or run make setup)")
-    check_model(args)
-    service = Service(args, functools.partial(model_setup.open_ctranslate2, args))
+    setup = check_model(args)
+    # a request's own beam_size and nbest are its own; requests come mixed, as a stream's lines:
+    # every bucket used stays loaded
+    decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)
+    service = Service(args, setup, functools.partial(model_setup.open_ctranslate2, setup, args, decoding, True))
     asyncio.run(Server(service, args.host, args.port, args.shutdown_timeout).run())
 
 

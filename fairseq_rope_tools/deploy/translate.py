@@ -80,7 +80,13 @@ from fairseq_rope_tools.deploy.batching import (
     translate_sorted,
 )
 from fairseq_rope_tools.deploy.engine import Decoding
-from fairseq_rope_tools.deploy.model_setup import ENGINES, add_model_arguments, check_model, check_model_arguments
+from fairseq_rope_tools.deploy.model_setup import (
+    ENGINES,
+    ModelSetup,
+    add_model_arguments,
+    check_model,
+    check_model_arguments,
+)
 from fairseq_rope_tools.deploy.output import OutputFormat
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
 from fairseq_rope_tools.text_lines import OverlongLine
@@ -148,22 +154,21 @@ def parse_args(argv):
         p.error(f"--nbest {args.nbest}: beam search keeps --beam {args.beam} hypotheses; give --nbest at most --beam")
     if not 0 <= args.flush_after < float("inf"):
         p.error(f"--flush-after must be a number of seconds >= 0, not {args.flush_after}")
-    args.decoding = Decoding(args.beam, args.lenpen, args.max_len, args.nbest)
     return args
 
 
 # --- setup: every flag and file checked before any text is read -----------------------------------
-def check_setup(args):
-    """Resolve defaults and check every file and flag before any text is read: raises UserError."""
-    check_model(args)
-    check_outputs(args)
+def check_setup(args) -> ModelSetup:
+    """The model, every file and flag checked before any text is read: raises UserError."""
+    setup = check_model(args, args.engine, args.checkpoint, args.input_format, args.output_format)
+    check_outputs(args, setup)
     if args.input != "-" and not Path(args.input).is_file() and not is_stream(args.input):
         raise UserError(f"input file {args.input} does not exist" if not Path(args.input).exists()
                         else f"input {args.input} is not a file")
-    args.streaming = is_stream(args.input) and args.output is None
+    return setup
 
 
-def check_outputs(args):
+def check_outputs(args, setup: ModelSetup):
     """Every file this run will write can be written, before hours of decoding: a writable
     directory (a symlink's target is what gets replaced), not a directory, not the same file twice,
     none of the files it reads; without --output, an open standard output."""
@@ -172,7 +177,7 @@ def check_outputs(args):
         if problem:
             raise UserError(problem)
     outputs = {"--output": args.output, "--stats-json": args.stats_json}
-    problem = output_files_problem(outputs, input_files(args))
+    problem = output_files_problem(outputs, input_files(args.input, setup))
     if problem:
         raise UserError(problem)
     if args.model_dir is not None:
@@ -184,23 +189,23 @@ def check_outputs(args):
                                 "fairseq-rope-export wrote: write it elsewhere")
 
 
-def input_files(args) -> dict:
+def input_files(input_path: str, setup: ModelSetup) -> dict:
     """Every file this run reads, by what names it (a description, for the message): the input,
     the model's files, the dictionaries and the work dir's step records and BPE files."""
-    inputs = {"the input file": None if args.input == "-" else args.input}
-    if args.engine == "fairseq":
-        inputs["--checkpoint"] = args.checkpoint
+    inputs = {"the input file": None if input_path == "-" else input_path}
+    if setup.engine == "fairseq":
+        inputs["--checkpoint"] = setup.checkpoint
     else:
-        model_dir = Path(args.model_dir)
+        model_dir = Path(setup.model_dir)
         for path in sorted(model_dir.rglob("*")):
             if path.is_file():
                 inputs[f"--model-dir's {path.relative_to(model_dir)}"] = path
-    if args.data_bin is not None:
-        for name in sorted({f"dict.{lang}.txt" for lang in (args.src, args.tgt) if lang} | {"bpe_type", ".done"}):
-            inputs[f"--data-bin's {name}"] = args.data_bin / name
-    if args.work_dir is not None:
-        for name in ("tok/.done", "bpe/.done", "bpe/codes", f"bpe/vocab.{args.src}", "bpe/spm.model"):
-            inputs[f"--work-dir's {name}"] = args.work_dir / name
+    if setup.data_bin is not None:
+        for name in sorted({f"dict.{lang}.txt" for lang in (setup.src, setup.tgt) if lang} | {"bpe_type", ".done"}):
+            inputs[f"--data-bin's {name}"] = setup.data_bin / name
+    if setup.work_dir is not None:
+        for name in ("tok/.done", "bpe/.done", "bpe/codes", f"bpe/vocab.{setup.src}", "bpe/spm.model"):
+            inputs[f"--work-dir's {name}"] = setup.work_dir / name
     return inputs
 
 
@@ -208,13 +213,14 @@ def input_files(args) -> dict:
 @command
 def main(argv=None):
     args = parse_args(argv)
-    check_setup(args)
-    segment = Segmenter(args.segmentation) if args.input_format == "raw" else str.split
-    engine = ENGINES[args.engine](args)
+    setup = check_setup(args)
+    streaming = is_stream(args.input) and args.output is None  # each batch written as soon as it is translated
+    segment = Segmenter(setup.segmentation) if setup.input_format == "raw" else str.split
+    engine = ENGINES[setup.engine](setup, args, Decoding(args.beam, args.lenpen, args.max_len, args.nbest), streaming)
     reader = CommandLineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,
                                max_bytes=line_byte_cap(engine.max_source))
     limit = LengthLimit(engine.max_source, args.too_long, reader.path)
-    output = OutputFormat(args.output_format, args.nbest, args.json_lines, args.bpe_type, args.tgt)
+    output = OutputFormat(setup.output_format, args.nbest, args.json_lines, setup.bpe_type, setup.tgt)
 
     def translated(numbered_lines, progress=False):
         """Output lines, input lines, sentences translated and decoding seconds of (number, line)
@@ -245,7 +251,7 @@ def main(argv=None):
     seconds = 0.0
     refusal = None
     try:
-        if args.streaming:  # each batch written as soon as it is translated
+        if streaming:
             for batch in batches_as_they_come(reader, args.batch_size, args.flush_after):
                 out, n_lines, n_sentences, spent, refusal = translated(batch)
                 write_lines(None, out)
@@ -270,7 +276,7 @@ def main(argv=None):
         raise UserError(f"{refusal} (the {lines} line{'s' if lines != 1 else ''} before it: translated to {where})"
                         if lines else str(refusal), status=refusal.status)
 
-    stats = dict(engine=args.engine, sentences=sentences, lines=lines, seconds=round(seconds, 3),
+    stats = dict(engine=setup.engine, sentences=sentences, lines=lines, seconds=round(seconds, 3),
                  sentences_per_second=round(sentences / seconds, 2) if seconds > 0 else None, beam=args.beam,
                  lenpen=args.lenpen, nbest=args.nbest, batch_size=args.batch_size, threads=args.threads,
                  device=args.device, compute_type=args.compute_type, too_long=limit.stats(), **engine.report())
@@ -282,7 +288,7 @@ def main(argv=None):
     if not args.quiet:
         say(f"{lines} lines ({sentences} to translate) in {seconds:.2f} s of decoding"
             + (f": {stats['sentences_per_second']:.1f} sentences/s" if seconds > 0 else "")
-            + f" ({args.engine}, beam {args.beam}, {args.threads} thread{'s' if args.threads != 1 else ''})")
+            + f" ({setup.engine}, beam {args.beam}, {args.threads} thread{'s' if args.threads != 1 else ''})")
         if engine.summary():
             say(engine.summary())
 

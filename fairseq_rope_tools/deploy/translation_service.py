@@ -8,6 +8,7 @@ from typing import Callable, List, Optional
 
 from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
+from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.output import texts_per_line
 from fairseq_rope_tools.deploy.request_batcher import RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import Segmenter
@@ -20,14 +21,14 @@ INLINE_TEXT_CHARACTERS = 400
 
 
 class Service:
-    """The model of ``args`` (checked as fairseq-rope-serve checks it), loaded by :meth:`load` --
-    ``open_engine()`` builds its engine -- and what
+    """The model of ``setup`` (model_setup.check_model's, as fairseq-rope-serve checks it), loaded
+    by :meth:`load` -- ``open_engine()`` builds its engine -- and what
     POST /translate does with a request. The text work (segmentation, detokenisation) of a request
     longer than :data:`INLINE_TEXT_CHARACTERS` runs in a thread of its own, so that a long
     sentence never holds the event loop."""
 
-    def __init__(self, args, open_engine: Optional[Callable[[], Engine]] = None):
-        self.args = args
+    def __init__(self, args, setup: ModelSetup, open_engine: Optional[Callable[[], Engine]] = None):
+        self.args, self.setup = args, setup
         self.open_engine = open_engine
         self.engine: Optional[Engine] = None
         self.segment: Optional[Callable[[str], List[str]]] = None
@@ -38,7 +39,7 @@ class Service:
     def load(self) -> None:
         """The engine and the segmenter (in a thread: the server answers /health meanwhile)."""
         self.engine = self.open_engine()
-        self.segment = Segmenter(self.args.segmentation)
+        self.segment = Segmenter(self.setup.segmentation)
 
     def refuse_certainly_too_long(self, sentences: List[str]) -> None:
         """RequestError for a sentence that cannot fit whatever its segmentation: its words and
@@ -66,7 +67,7 @@ class Service:
         """The JSON answer: the detokenized translations (n-best lists when ``nbest`` > 1) and, when
         asked, their scores, as fairseq-rope-translate writes them (output.texts_per_line)."""
         translations, scored = [], []
-        texts = texts_per_line(results, self.args.output_format, self.args.bpe_type, self.args.tgt)
+        texts = texts_per_line(results, self.setup.output_format, self.setup.bpe_type, self.setup.tgt)
         for hypotheses, found in zip(results, texts):
             if nbest == 1:  # an empty sentence has no hypothesis: an empty translation
                 translations.append(found[0] if found else "")
