@@ -38,9 +38,7 @@ logger = logging.getLogger(__name__)
 _KERNEL = None  # None: not tried yet; False: unavailable; otherwise the jitted kernel
 FUSED_SWITCH = "FAIRSEQ_ROPE_FUSED"
 # (elements per program, warps) of a launch, by layout and element size in bytes: the fastest of
-# an H200 sweep of tiles 1024-16384 and 1-8 warps (docs/benchmark_runs/
-# gpu_h200_fp16_decoding_training_bandwidth.json); fp16 in the interleaved layout moved 3,642 GB/s
-# with (1024, 1) against 3,279 with the former (4096, 4) at 16 heads, 2,825 against 2,245 at 8
+# an H200 sweep of tiles 1024-16384 and 1-8 warps (docs/gpu.md has the figures)
 TILES = {("interleaved", 2): (1024, 1), ("half", 2): (2048, 8), ("interleaved", 4): (2048, 4)}
 DEFAULT_TILE = (4096, 4)  # combinations the sweep did not measure
 # the kernel's integer arguments that vary with the batch: its size, the token count, the position
@@ -58,7 +56,7 @@ def _build_kernel():
 
     # Triton compiles a variant per value class (== 1, a multiple of 16, other) of each integer
     # argument: the ones that change with every batch and decoding step are left out, or a GPU
-    # compiles anew in the middle of generation (an H200 decoded 4.6x slower than sinusoidal so)
+    # compiles anew in the middle of generation (docs/gpu.md: what that cost)
     @triton.jit(do_not_specialize=UNSPECIALIZED)
     def rotary_kernel(
         x_ptr, ox_ptr, y_ptr, oy_ptr, cos_ptr, sin_ptr, pos_ptr,

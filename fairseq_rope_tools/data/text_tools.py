@@ -222,11 +222,9 @@ def cmd_spm_encode(args):
 # --- step bookkeeping for prepare.sh --------------------------------------------------------
 # A step's DIR/.done records what the step was built from: the options that change its output
 # and, for every input file, its size and sha256. prepare.sh redoes a step whose record differs,
-# which makes every later step see changed inputs too. The inputs are hashed in full: sha256
-# runs at about 1 GB/s (SHA-NI; ~0.4 GB/s without), so a rerun over the full WMT14 files
-# (~1.6 GB of archives, ~1.3 GB of text per later step) spends seconds to a few tens of seconds
-# on it, next to steps that take minutes to hours; size+mtime or partial hashes would miss an
-# edited or re-extracted file of the same size. (The record's format: text_steps.py.)
+# which makes every later step see changed inputs too. The inputs are hashed in full, since
+# size+mtime or partial hashes would miss an edited or re-extracted file of the same size (what
+# that costs: examples/wmt14_en_de/README.md). (The record's format: text_steps.py.)
 
 
 def _describe_changes(old, new):

@@ -10,7 +10,7 @@ from fairseq_rope_tools.deploy.segmentation import first_line
 
 # CTranslate2's Linux wheels load cuBLAS at run time, from the CUDA major version they were built
 # with (4.x: CUDA 12, "Library libcublas.so.12 is not found" at the first translation without it).
-# A machine with only CUDA 13 (torch 2.11+cu130, say) has none: an H200 with that image showed it.
+# A machine with only CUDA 13 (torch 2.11+cu130, say) has none.
 CTRANSLATE2_CUDA_MAJOR = {4: 12}
 
 
