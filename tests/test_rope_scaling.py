@@ -142,3 +142,20 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
     bad = run_cli(args=["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / "old.pt",
                         "--model-overrides", "{'rope_scaling': 'dynamic-ntk'}"], check=False)
     assert bad.returncode != 0 and "pass --rope-scaling-original-length L" in bad.stderr.splitlines()[-1]
+
+
+def test_a_rotary_embedding_checks_its_scaling_once_where_it_is_built(monkeypatch):
+    from fairseq_rope.modules import rope_scaling, rotary_embedding
+
+    calls, real = [], rope_scaling.check_scaling
+
+    def counted(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(rope_scaling, "check_scaling", counted)
+    monkeypatch.setattr(rotary_embedding, "check_scaling", counted)
+    for scaling, factor in (("none", 1.0), ("yarn", 4.0), ("dynamic-yarn", 1.0)):
+        calls.clear()
+        rotary_embedding.RotaryEmbedding(16, 10000.0, scaling=scaling, scaling_factor=factor, original_length=64)
+        assert len(calls) == 1, (scaling, calls)

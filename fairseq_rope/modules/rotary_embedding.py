@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .fused_rotary import fused_rotate, fused_rotate_, fused_runs_on
-from .rope_scaling import check_scaling, rope_frequencies, scaling_spec
+from .rope_scaling import check_scaling, scaling_spec
 from .rotary import (
     RotateInPlace,
     apply_rotary,
@@ -61,10 +61,11 @@ class RotaryEmbedding:
         self.rotary_dim, self.theta, self.layout = rotary_dim, float(theta), layout
         self.scaling, self.scaling_factor = scaling, float(scaling_factor)
         self.original_length = int(original_length)
-        check_scaling(scaling, self.scaling_factor, self.original_length)
+        check_scaling(scaling, self.scaling_factor, self.original_length)  # once, here: the frequencies trust it
         self.dynamic = scaling_spec(scaling).per_sentence
-        self.inv_freq, self.logit_scale = rope_frequencies(
-            rotary_dim, self.theta, "none" if self.dynamic else scaling, self.scaling_factor, self.original_length
+        # a dynamic scaling keeps plain RoPE's tables and scales rows (:meth:`scaled`)
+        self.inv_freq, self.logit_scale = scaling_spec("none" if self.dynamic else scaling).frequencies(
+            rotary_dim, self.theta, self.scaling_factor, self.original_length
         )
         self._tables: Dict[torch.device, Tuple[Tensor, Tensor, Tensor]] = {}
         self._scaled_tables: "OrderedDict[Tuple[float, torch.device], Tensor]" = OrderedDict()
