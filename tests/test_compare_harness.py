@@ -1103,3 +1103,16 @@ def test_a_model_fine_tuned_from_another_variant_end_to_end(tiny_data_bin, tmp_p
             "--rope-cross-attention") in table
     again = run_cli(command, timeout=300).stdout
     assert f"{tuned} seed 1: done before, reusing" in again and "sinusoidal seed 1: done before, reusing" in again
+
+
+def test_every_size_of_every_family_is_a_registered_architecture():
+    """--size names each family's architecture by a rule (variants.architecture), with no fairseq
+    loaded: every name it gives is in fairseq's registry once the plugin has registered its own."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import fairseq_rope  # noqa: F401  (registers transformer_rope*, transformer_rpe*)
+
+    families = {variant.family for variant in compare_variants.VARIANTS.values()}
+    named = {compare_variants.architecture(family, size) for family in families for size in compare_variants.SIZES}
+    assert len(named) == len(families) * len(compare_variants.SIZES)
+    assert sorted(named - set(ARCH_MODEL_REGISTRY)) == []

@@ -21,7 +21,7 @@ from fairseq_rope_tools.research.compare.decoding import (
 )
 from fairseq_rope_tools.research.compare.progress import TrainingProgress, log
 from fairseq_rope_tools.research.compare.variants import (
-    SIZES,
+    architecture,
     base_variant,
     recipe_value,
     run_value,
@@ -45,7 +45,7 @@ def run_settings(args, variant, seed, start_sha256=None):
                           if spec.random_positions else [])
     # the variant that names the model, its own settings in flags and recipe_env: a run of
     # rope_concat@concat-max-sentences=3 is a run of rope_concat with --concat-max-sentences 3
-    settings = {"variant": base_variant(variant), "seed": seed, "arch": SIZES[args.size][spec.family],
+    settings = {"variant": base_variant(variant), "seed": seed, "arch": architecture(spec.family, args.size),
                 "flags": flags, "recipe_env": recipe_env(args, variant), "train_args": args.train_args,
                 "average_last": args.average_last, "data": args.data_source}
     if start_of(args, variant):  # only then: the settings of the runs from scratch stay those made before
