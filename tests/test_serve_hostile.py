@@ -41,9 +41,18 @@ class CountingService(HeldService):
 
     def _segment(self, sentence):
         self.segmented.append(sentence)
-        self.on_loop.append(asyncio._get_running_loop() is not None)
+        self.on_loop.append(on_an_event_loop())
         time.sleep(self.delay)
         return sentence.split()
+
+
+def on_an_event_loop() -> bool:
+    """Whether this runs in an event loop's thread, in one of its callbacks."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def args_with(*flags):
