@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 from fairseq.file_io import PathManager
 
-from fairseq_rope_files import write_atomically
+from fairseq_rope_base.files import write_atomically
 
 from .checkpoint_files import (
     is_legacy_checkpoint,

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from fairseq_rope_files import OneLineError  # noqa: F401  (the plugin's modules raise it from here)
+from fairseq_rope_base.errors import OneLineError  # noqa: F401  (the plugin's modules raise it from here)
 
 
 class OptionError(OneLineError, ValueError):

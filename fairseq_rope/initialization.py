@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from fairseq_rope_files import file_fingerprint
+from fairseq_rope_base.files import file_fingerprint
 
 from .config_values import config_value
 from .plugin_options import option_flag

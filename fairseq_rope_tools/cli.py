@@ -3,7 +3,7 @@ point that reports it (:class:`UserError`, :func:`command`), argument parsing, m
 progress lines, a SIGTERM that cleans up, and running fairseq's console scripts with their output
 logged line by line.
 
-Standard library only, like :mod:`fairseq_rope_files`.
+Standard library only, like :mod:`fairseq_rope_base`.
 """
 
 import argparse
@@ -18,12 +18,12 @@ import sys
 import time
 from typing import Callable, Optional
 
-from fairseq_rope_files import OneLineError
+from fairseq_rope_base.errors import OneLineError
 
 
 class UserError(OneLineError):
     """Something the user must change -- a flag, a file, a directory, the machine (the tools'
-    :class:`~fairseq_rope_files.OneLineError`): status 2 when refused before any work, 1 when a
+    :class:`~fairseq_rope_base.errors.OneLineError`): status 2 when refused before any work, 1 when a
     step fails on the way (a command it runs, an input line it meets). Helpers raise it; only
     :func:`command` exits."""
 

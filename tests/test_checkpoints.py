@@ -16,12 +16,12 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-import fairseq_rope_files
+import fairseq_rope_base.errors
 from fairseq_rope import checkpoints
 from fairseq_rope.checkpoint_files import saved_model_config
 from fairseq_rope.checkpoints import newest_readable_checkpoint, save_checkpoint_atomically
 from fairseq_rope.config_values import OneLineError, OptionError
-from fairseq_rope_files import remove_stale_temporaries, write_atomically
+from fairseq_rope_base.files import remove_stale_temporaries, write_atomically
 
 
 def train_args(data_bin, save_dir, max_update):
@@ -152,8 +152,8 @@ def test_unreadable_checkpoint_last_and_nothing_else_stops_in_one_line(tmp_path)
     (tmp_path / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(OneLineError) as e:
         resume_from(tmp_path)
-    assert isinstance(e.value, fairseq_rope_files.OneLineError)  # the class the tools' commands report
-    assert issubclass(OptionError, fairseq_rope_files.OneLineError)
+    assert isinstance(e.value, fairseq_rope_base.errors.OneLineError)  # the class the tools' commands report
+    assert issubclass(OptionError, fairseq_rope_base.errors.OneLineError)
     assert str(e.value) == (f"{tmp_path / 'checkpoint_last.pt'} is unreadable (truncated?) and {tmp_path} holds no "
                             "other readable checkpoint: delete it to train from scratch, or pass --restore-file FILE")
 
@@ -240,7 +240,7 @@ def test_tools_write_through_the_same_code_without_importing_torch(tmp_path):
     import fairseq_rope.checkpoints
 
     script = (
-        "import sys; import fairseq_rope_files as files\n"
+        "import sys; from fairseq_rope_base import files\n"
         "files.write_text_atomically(sys.argv[1], 'text')\n"
         "print(sorted(m for m in ('torch', 'fairseq', 'fairseq_rope') if m in sys.modules))\n"
     )

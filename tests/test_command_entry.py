@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from fairseq_rope_files import outputs_over_inputs_problem
+from fairseq_rope_base.files import outputs_over_inputs_problem
 from fairseq_rope_tools.cli import CommandFailed, UserError, command
 
 pytestmark = pytest.mark.fast
@@ -37,9 +37,9 @@ def test_a_user_error_is_one_line_with_its_status(capsys, monkeypatch):
 
 
 def test_the_plugin_and_the_tools_raise_one_error_class(capsys, monkeypatch):
-    """fairseq_rope_files.OneLineError is the base of the tools' UserError and of the plugin's
+    """fairseq_rope_base.errors.OneLineError is the base of the tools' UserError and of the plugin's
     errors, whose modules need no torch to say so: a command reports any of them in one line."""
-    from fairseq_rope_files import OneLineError
+    from fairseq_rope_base.errors import OneLineError
 
     monkeypatch.setattr(sys, "argv", ["fairseq-rope-demo"])
     assert issubclass(UserError, OneLineError) and issubclass(CommandFailed, OneLineError)

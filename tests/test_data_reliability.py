@@ -16,7 +16,7 @@ from conftest import run_cli
 from test_gettext_corpus import write_mo
 from test_wmt14_prepare import PREPARE, _prepare, _prepare_byo, wmt14_archives  # noqa: F401
 
-import fairseq_rope_files as files
+from fairseq_rope_base import files
 from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.data import gettext_corpus
 from fairseq_rope_tools.data import text_tools as tt

@@ -63,9 +63,9 @@ def deploy_env(tmp_path_factory):
     # a wheel of the checkout, built from a copy (a build writes build/ and *.egg-info beside its sources)
     source = root / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "fairseq_rope_files.py"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for name in ("fairseq_rope", "fairseq_rope_tools", "examples"):
+    for name in ("fairseq_rope_base", "fairseq_rope", "fairseq_rope_tools", "examples"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     # relative paths: pip reads a ';' in a path (the tests' directory has one) as the start of a marker
     run_cli([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",

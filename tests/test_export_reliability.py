@@ -13,7 +13,7 @@ import shutil
 import pytest
 from conftest import REPO, run_cli
 
-import fairseq_rope_files as files
+from fairseq_rope_base import files
 
 pytest.importorskip("ctranslate2")
 from fairseq_rope_tools.deploy import checkpoint_export as exporter  # noqa: E402  (after the skip)

@@ -46,10 +46,11 @@ def test_every_package_of_the_source_is_installed():
     """A regular install holds only the listed packages: one left out works in the checkout and
     in an editable install, and is missing from every other."""
     on_disk = {".".join(init.parent.relative_to(REPO).parts)
-               for top in ("fairseq_rope", "fairseq_rope_tools") for init in (REPO / top).rglob("__init__.py")}
+               for top in ("fairseq_rope_base", "fairseq_rope", "fairseq_rope_tools")
+               for init in (REPO / top).rglob("__init__.py")}
     assert on_disk - set(PYPROJECT["tool"]["setuptools"]["packages"]) == set()
-    modules = {path.stem for path in REPO.glob("*.py")}  # top-level modules: fairseq_rope_files
-    assert modules == set(PYPROJECT["tool"]["setuptools"]["py-modules"])
+    assert {path.stem for path in REPO.glob("*.py")} == set()  # no top-level module: packages only
+    assert "py-modules" not in PYPROJECT["tool"]["setuptools"]
 
 
 def test_every_file_parses_as_the_oldest_supported_python():
@@ -175,9 +176,9 @@ def copy_of_the_source(directory: Path) -> Path:
     build/ land there and not in the checkout."""
     source = directory / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "fairseq_rope_files.py"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for name in ("fairseq_rope", "fairseq_rope_tools", "examples"):
+    for name in ("fairseq_rope_base", "fairseq_rope", "fairseq_rope_tools", "examples"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return source
 

@@ -20,7 +20,7 @@ HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", 
 # import torch, fairseq or the plugin. The CTranslate2 path of fairseq-rope-translate is also run
 # end to end without them (test_translate_reliability.py).
 TORCH_FREE = (
-    "fairseq_rope_files", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.text_steps",
+    "fairseq_rope_base.files", "fairseq_rope_base.errors", "fairseq_rope_tools.cli", "fairseq_rope_tools.text_lines", "fairseq_rope_tools.text_steps",
     "fairseq_rope_tools.user_dir",
     "fairseq_rope_tools.training_log", "fairseq_rope_tools.recipes",
     "fairseq_rope_tools.deploy.translate", "fairseq_rope_tools.deploy.engine", "fairseq_rope_tools.deploy.batching",
@@ -85,9 +85,10 @@ def _imported_modules(path):
 
 
 def test_layers_import_only_downwards():
-    """fairseq_rope_files imports neither package, and the plugin nothing of the tools (lazy
+    """fairseq_rope_base imports neither package, and the plugin nothing of the tools (lazy
     imports inside functions included): a layer never imports the one above it."""
-    above = {"fairseq_rope_files.py": ("fairseq_rope", "fairseq_rope_tools")}
+    above = {str(path.relative_to(REPO)): ("fairseq_rope", "fairseq_rope_tools")
+             for path in _python_files("fairseq_rope_base")}
     above.update({str(path.relative_to(REPO)): ("fairseq_rope_tools",) for path in _python_files("fairseq_rope")})
     offenders = [(name, module) for name, packages in above.items() for module in _imported_modules(REPO / name)
                  if module.split(".")[0] in packages]

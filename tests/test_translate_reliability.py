@@ -375,7 +375,7 @@ def test_a_symlinked_output_stays_a_symlink(tiny, tmp_path, capsys):
 
 
 def test_writing_through_a_symlink_replaces_its_target(tmp_path):
-    from fairseq_rope_files import write_atomically
+    from fairseq_rope_base.files import write_atomically
 
     (tmp_path / "target").write_text("old")
     (tmp_path / "link").symlink_to("target")  # relative, as ln -s makes it

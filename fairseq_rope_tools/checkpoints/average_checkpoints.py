@@ -54,7 +54,7 @@ from fairseq_rope.checkpoints import (
 )
 from fairseq_rope.model_options import computation_options
 from fairseq_rope.training_lengths import TrainingLengths
-from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem
+from fairseq_rope_base.files import output_dir_problem, outputs_over_inputs_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 
 EPOCH_RE = re.compile(r"^checkpoint(\d+)\.pt$")

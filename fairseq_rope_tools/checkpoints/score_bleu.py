@@ -23,7 +23,7 @@ directory, not one of the inputs.
 
 import json
 
-from fairseq_rope_files import output_files_problem, write_lines_atomically, write_text_atomically
+from fairseq_rope_base.files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import text_lines
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.metrics import moses_detokenize, moses_tokenize, score_all

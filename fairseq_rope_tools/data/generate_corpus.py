@@ -33,7 +33,7 @@ import re
 import sys
 from pathlib import Path
 
-from fairseq_rope_files import replace_directory, replaced_dir_problem, write_lines_atomically
+from fairseq_rope_base.files import replace_directory, replaced_dir_problem, write_lines_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.data.synthetic_grammar import generate
 

@@ -41,7 +41,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from fairseq_rope_files import (
+from fairseq_rope_base.files import (
     outputs_over_inputs_problem,
     replace_directory,
     replaced_dir_problem,

@@ -53,7 +53,12 @@ import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
-from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, write_atomically, write_lines_atomically
+from fairseq_rope_base.files import (
+    file_fingerprint,
+    outputs_over_inputs_problem,
+    write_atomically,
+    write_lines_atomically,
+)
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.text_steps import RECORD_HEADER, CommandLineReader, RecipeTokenizer, parse_step_record
 

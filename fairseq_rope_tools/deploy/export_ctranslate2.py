@@ -43,7 +43,7 @@ with ``--force`` it may also be an empty directory or an earlier export, recogni
 directory, one that holds the checkpoint or the data-bin above all, is refused in one line and
 left as it is. The model is written into a hidden directory beside the output
 (``.NAME.XXXXXXXX.tmp``) that takes its place in one rename when complete, as every tool here
-replaces a directory (``fairseq_rope_files.replace_directory``); the export it replaces is
+replaces a directory (``fairseq_rope_base.files.replace_directory``); the export it replaces is
 deleted last, and what a killed export left is removed by the next one to the same name.
 
 ``export_info.json`` records the checkpoint the model came from: its real path, and the size and

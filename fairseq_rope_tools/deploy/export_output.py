@@ -7,7 +7,7 @@ import errno
 import json
 import os
 
-from fairseq_rope_files import file_fingerprint, outputs_over_inputs_problem, replace_directory
+from fairseq_rope_base.files import file_fingerprint, outputs_over_inputs_problem, replace_directory
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.exported import (
     EXPORT_INFO,
@@ -92,7 +92,7 @@ def write_model_dir(model_dir, write_model, info) -> None:
 
 def write_export(output_dir, write_all, inputs, force) -> str:
     """What ``write_all(dir)`` writes, as one directory that takes ``output_dir``'s place when
-    complete (:func:`~fairseq_rope_files.replace_directory`): an export it replaces is kept
+    complete (:func:`~fairseq_rope_base.files.replace_directory`): an export it replaces is kept
     until then. Returns the real path."""
 
     def write(tmp):

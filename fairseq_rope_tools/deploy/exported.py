@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fairseq_rope_files import file_fingerprint
+from fairseq_rope_base.files import file_fingerprint
 from fairseq_rope_tools.deploy.bundle_files import files_inside, is_directory_name, outside, read_record
 from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, MOSES_RECIPE, Segmentation
 

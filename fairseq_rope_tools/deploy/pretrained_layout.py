@@ -32,7 +32,7 @@ import re
 import shlex
 from pathlib import Path
 
-from fairseq_rope_files import outputs_over_inputs_problem, replace_directory, replaced_dir_problem
+from fairseq_rope_base.files import outputs_over_inputs_problem, replace_directory, replaced_dir_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.work_dir import (

@@ -70,7 +70,7 @@ import stat
 import sys
 from pathlib import Path
 
-from fairseq_rope_files import output_files_problem, write_lines, write_text_atomically
+from fairseq_rope_base.files import output_files_problem, write_lines, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
 from fairseq_rope_tools.deploy.batching import (
     TOO_LONG_POLICIES,

@@ -9,7 +9,7 @@ from ``--work-dir`` when it is given.
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from fairseq_rope_files import file_fingerprint
+from fairseq_rope_base.files import file_fingerprint
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.segmentation import BPE_TYPES, Segmentation, first_line
 from fairseq_rope_tools.text_steps import parse_step_record

@@ -31,7 +31,7 @@ import json
 import statistics
 from pathlib import Path
 
-from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
+from fairseq_rope_base.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.deploy.work_dir import bpe_type_of
 from fairseq_rope_tools.metrics import tokenized_bleu

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fairseq_rope_files import output_files_problem, write_lines_atomically, write_text_atomically
+from fairseq_rope_base.files import output_files_problem, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, progress_sayer, run_logged
 from fairseq_rope_tools.research.machine import cpu_model
 from fairseq_rope_tools.text_lines import read_lines

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_rope_files import outputs_over_inputs_problem, write_text_atomically
+from fairseq_rope_base.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.research.machine import use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask

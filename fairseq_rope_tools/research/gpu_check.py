@@ -59,7 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fairseq_rope_files import output_dir_problem, outputs_over_inputs_problem, write_text_atomically
+from fairseq_rope_base.files import output_dir_problem, outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import (
     ArgumentParser,
     CommandFailed,

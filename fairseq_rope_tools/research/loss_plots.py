@@ -1,7 +1,7 @@
 """Loss curves of fairseq-train logs (``--log-format simple``) and their plot, for
 fairseq-rope-plot-losses and gpu_check's training section."""
 
-from fairseq_rope_files import write_atomically
+from fairseq_rope_base.files import write_atomically
 from fairseq_rope_tools.training_log import parse_train_log
 
 

@@ -12,7 +12,7 @@ and prints its path.
 
 import os
 
-from fairseq_rope_files import outputs_over_inputs_problem
+from fairseq_rope_base.files import outputs_over_inputs_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.research.loss_plots import parse_log, plot
 

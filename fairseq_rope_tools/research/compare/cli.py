@@ -78,7 +78,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from fairseq_rope_files import output_dir_problem
+from fairseq_rope_base.files import output_dir_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, children_end_with_this_process, command
 from fairseq_rope_tools.research.compare import data as compare_data
 from fairseq_rope_tools.research.compare import report as compare_report

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from fairseq_rope_files import outputs_over_inputs_problem, replace_directory, write_lines_atomically
+from fairseq_rope_base.files import outputs_over_inputs_problem, replace_directory, write_lines_atomically
 from fairseq_rope_tools.cli import UserError, run_logged
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.text_lines import read_lines

@@ -7,7 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
-from fairseq_rope_files import write_atomically, write_text_atomically
+from fairseq_rope_base.files import write_atomically, write_text_atomically
 from fairseq_rope_tools.research import significance
 from fairseq_rope_tools.text_lines import read_lines
 

@@ -7,7 +7,7 @@ import re
 import shutil
 import time
 
-from fairseq_rope_files import file_fingerprint, write_lines_atomically, write_text_atomically
+from fairseq_rope_base.files import file_fingerprint, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import metrics
 from fairseq_rope_tools.cli import duration, run_logged
 from fairseq_rope_tools.recipes import recipe_step

@@ -1,11 +1,6 @@
-"""Writes that leave either the old file or directory or the complete new one, never a part;
-and the one error class both packages raise for what a user must change.
-
-Standard library only, and a module of its own below both packages: the plugin's checkpoint
-writes and every tool share it, the plugin without importing the tools and the tools that must
-not load torch (the recipe's text steps, translation with CTranslate2) without importing the
-plugin.
-"""
+"""Writes that leave either the old file or directory or the complete new one, never a part, and
+the checks that no output lands on an input. The plugin's checkpoint writes and every tool
+share them."""
 
 import contextlib
 import ctypes
@@ -21,19 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
-
-class OneLineError(Exception):
-    """Something the user must change -- a flag, a file, a directory: the message names it and
-    what to do. Printed as one line, ``PROG: error: MESSAGE``, with exit status ``status``: 2 when
-    it is refused before any work (as argparse refuses a flag), 1 when a step fails on the way.
-    The plugin's errors (fairseq_rope.config_values) and the tools' UserError derive from it."""
-
-    status = 2
-
-    def __init__(self, message: str = "", status: Optional[int] = None):
-        super().__init__(message)
-        if status is not None:
-            self.status = status
 
 def write_atomically(path, write) -> None:
     """``write(tmp_path)``, then fsync and rename onto ``path``. The temporary file is a hidden
