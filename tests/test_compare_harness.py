@@ -306,6 +306,28 @@ def test_a_run_waiting_for_its_start_leaves_the_free_slot_to_the_next(monkeypatc
                                                       "start": {"variant": "rope", "start": None}}]
 
 
+def test_after_a_run_fails_no_run_starts(monkeypatch):
+    """--jobs 1, rope (fails) then sinusoidal then rope_cross@init-from=rope: sinusoidal waits for
+    the slot in a worker of its own, and must not take it once rope has failed."""
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--jobs", "1", "--seeds", "1", "--baseline",
+                                   "rope", "--variants", "rope", "sinusoidal", "rope_cross@init-from=rope"])
+    assert args.variants == ["rope", "sinusoidal", "rope_cross@init-from=rope"]
+    started = []
+
+    def run_one(args, data, variant, seed, slot, start):
+        started.append(variant)
+        if variant == "rope":
+            time.sleep(0.3)  # sinusoidal's worker waits for the slot meanwhile
+            raise RuntimeError("the training failed")
+        return {}
+
+    monkeypatch.setattr(compare_schedule, "run_one", run_one)
+    monkeypatch.setattr(compare_schedule, "log", lambda message: None)
+    with pytest.raises(RuntimeError, match="the training failed"):
+        compare_schedule.run_all(args, None)
+    assert started == ["rope"]
+
+
 def test_run_logged_streams_while_the_command_runs(tmp_path):
     """Each line reaches the log file and the callback while the command is still running: the
     child waits for a file that the callback creates on its first line (captured output would

@@ -6,7 +6,8 @@ import queue
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 from fairseq_rope_tools.cli import terminate_running
 from fairseq_rope_tools.research.compare.progress import log
@@ -44,6 +45,7 @@ def run_all(args, data):
         f"{args.threads} CPU thread(s) each" + (", a GPU each" if planned[0]["GPUS"] == "1" else ""))
 
     futures = {}
+    stopping = threading.Event()  # a run failed, or the harness was stopped: no run starts any more
 
     def run(variant, seed):
         # a run that starts from another waits for it without holding a slot; that run was
@@ -51,7 +53,12 @@ def run_all(args, data):
         start = futures[(start_of(args, variant), seed)].result() if start_of(args, variant) else None
         slot = slots.get()
         try:
+            if stopping.is_set():
+                raise CancelledError()
             return run_one(args, data, variant, seed, slot, start)
+        except BaseException:
+            stopping.set()
+            raise
         finally:
             slots.put(slot)
 
@@ -67,6 +74,7 @@ def run_all(args, data):
         try:
             done = {task: future.result() for task, future in futures.items()}
         except BaseException as e:
+            stopping.set()
             for future in futures.values():
                 future.cancel()
             if isinstance(e, Exception):
