@@ -21,9 +21,8 @@ batches of at most --max-batch-size sentences, at most --max-batch-wait seconds 
 came (fairseq_rope_tools/deploy/request_batcher.py). A request the server cannot take is answered
 at once with a 4xx (503 and Retry-After for a full queue, decided before any text is segmented)
 and a one-line JSON ``{"error": "..."}`` naming the problem (docs/deploy.md lists them); the
-server goes on serving. Decoding runs in a thread of its own, and so do the segmentation and
-detokenisation of a request of more than 400 characters (translation_service.py): the event loop
-never holds on long text. --max-connections, --head-timeout, --body-timeout
+server goes on serving. Segmentation and detokenisation run in a thread of their own, decoding in
+another: the event loop only reads and answers. --max-connections, --head-timeout, --body-timeout
 and --keepalive-timeout bound what a client holds; a client that goes away is logged as such, and
 its sentences leave the queue. ``GET /metrics``: Prometheus' text format (service_metrics.py).
 

@@ -1,6 +1,6 @@
 """What fairseq-rope-serve does with a request, apart from HTTP: the model and its segmentation,
-the cheap length check, the queue's place, the text work (on the event loop when short, else in a
-thread of its own), and the answer as fairseq-rope-translate would write it."""
+the cheap length check, the queue's place, the text work in a thread of its own, and the answer
+as fairseq-rope-translate would write it."""
 
 import asyncio
 import concurrent.futures
@@ -14,18 +14,12 @@ from fairseq_rope_tools.deploy.request_batcher import RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.service_requests import RequestError
 
-#: a request with at most this many characters of text is segmented and detokenized on the event
-#: loop: a few milliseconds (15 at most for text made to be slow, docs/deploy.md), where each
-#: hand-over to the text thread costs the loop and the decoding thread waits for the GIL
-INLINE_TEXT_CHARACTERS = 400
-
 
 class Service:
     """The model of ``setup`` (model_setup.check_model's, as fairseq-rope-serve checks it), loaded
     by :meth:`load` -- ``open_engine()`` builds its engine -- and what
-    POST /translate does with a request. The text work (segmentation, detokenisation) of a request
-    longer than :data:`INLINE_TEXT_CHARACTERS` runs in a thread of its own, so that a long
-    sentence never holds the event loop."""
+    POST /translate does with a request. Text work (segmentation, detokenisation) runs in a
+    thread of its own, so that no text, however slow to segment, holds the event loop."""
 
     def __init__(self, args, setup: ModelSetup, open_engine: Optional[Callable[[], Engine]] = None):
         self.args, self.setup = args, setup
@@ -82,14 +76,9 @@ class Service:
         queue refuses before any text work; the place kept is given back if the request fails or
         its client goes."""
         decoding = Decoding(beam, self.args.lenpen, self.args.max_len, nbest)
-        inline = sum(map(len, sentences)) <= INLINE_TEXT_CHARACTERS
+        loop = asyncio.get_running_loop()
         with self.batcher.place(len(sentences)) as place:
             self.refuse_certainly_too_long(sentences)
-            sources = await self._text_work(inline, self.sources, sentences)
+            sources = await loop.run_in_executor(self.text_work, self.sources, sentences)
             results = await self.batcher.translate(sources, decoding, place)
-        return await self._text_work(inline, self.answer, results, nbest, scores)
-
-    async def _text_work(self, inline: bool, function, *arguments):
-        if inline:
-            return function(*arguments)
-        return await asyncio.get_running_loop().run_in_executor(self.text_work, function, *arguments)
+        return await loop.run_in_executor(self.text_work, self.answer, results, nbest, scores)
