@@ -306,6 +306,42 @@ def test_a_run_waiting_for_its_start_leaves_the_free_slot_to_the_next(monkeypatc
                                                       "start": {"variant": "rope", "start": None}}]
 
 
+def test_slots_go_in_plan_order_seed_by_seed(monkeypatch):
+    """--jobs 1, seeds 1 2, rope then rope_cross@init-from=rope: once rope of seed 1 finishes,
+    its fine-tuning comes before rope of seed 2, although rope of seed 2 asked for the slot first
+    (a plain queue hands the slot to whoever asked first, and the seeds mix)."""
+    args = compare_cli.parse_args(["--raw-dir", "x", "--out-dir", "o", "--jobs", "1", "--seeds", "1", "2",
+                                   "--baseline", "rope", "--variants", "rope", "rope_cross@init-from=rope"])
+    order = []
+
+    def run_one(args, data, variant, seed, slot, start):
+        order.append((variant, seed))
+        if order == [("rope", 1)]:
+            time.sleep(0.3)  # rope of seed 2 asks for the slot meanwhile
+        return {}
+
+    monkeypatch.setattr(compare_schedule, "run_one", run_one)
+    monkeypatch.setattr(compare_schedule, "log", lambda message: None)
+    compare_schedule.run_all(args, None)
+    assert order == [("rope", 1), ("rope_cross@init-from=rope", 1), ("rope", 2), ("rope_cross@init-from=rope", 2)]
+
+
+def test_slots_in_plan_order_whatever_order_they_are_asked_in():
+    slots = compare_schedule.SlotsInPlanOrder(["slot"], ["a", "b", "c"], lambda task: None)
+    assert slots.take("a") == "slot"
+    handed, threads = [], []
+    for task in ["c", "b"]:  # c asks first
+        threads.append(threading.Thread(target=lambda task=task: handed.append((task, slots.take(task)))))
+        threads[-1].start()
+        time.sleep(0.1)
+    slots.give_back("a", "slot", succeeded=True)
+    threads[1].join(timeout=10)
+    assert handed == [("b", "slot")]
+    slots.give_back("b", "slot", succeeded=True)
+    threads[0].join(timeout=10)
+    assert handed == [("b", "slot"), ("c", "slot")]
+
+
 def test_after_a_run_fails_no_run_starts(monkeypatch):
     """--jobs 1, rope (fails) then sinusoidal then rope_cross@init-from=rope: sinusoidal waits for
     the slot in a worker of its own, and must not take it once rope has failed."""
