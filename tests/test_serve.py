@@ -349,6 +349,7 @@ def test_the_load_benchmark_reports_the_server_against_the_batch_command(bundle,
     for row in report["server"]:
         assert row["identical_to_batch_command"] == 40
         assert 0 < row["latency_p50_ms"] <= row["latency_p95_ms"]
+        assert 0 < row["clients_cpu_seconds"]  # the load's own share of the cores, reported
         # the speeds are reported to 0.1 sentence/s: on a loaded machine (a few sentences/s) that
         # rounding alone moves their ratio by up to about 1 %
         assert row["share_of_batch_decoding"] == pytest.approx(

@@ -15,7 +15,8 @@ The first --sentences non-empty lines of --input are translated
   each sending one sentence per request and the next as soon as its answer comes, until every
   sentence has been sent once. Sentences per second are the sentences over the time from the
   first request to the last answer; latency is each request's, from sending to its whole answer
-  (p50, p95). Before the first level a warm-up of 32 requests is not timed.
+  (p50, p95); the clients' own CPU time is reported with them (they share the server's cores).
+  Before the first level a warm-up of 32 requests is not timed.
 
 Every server translation is compared with the batch command's for the same sentence (they must
 be identical), and the mean batch the server decoded at each level is read from its GET /ready
@@ -127,7 +128,7 @@ async def wait_ready(session, base, server, timeout=READY_TIMEOUT):
 async def load(session, base, sentences, clients):
     """Every sentence sent once, one per request, by ``clients`` concurrent clients: (the
     translations in order, each request's latency in seconds, seconds from the first request to
-    the last answer)."""
+    the last answer, the clients' CPU seconds)."""
     translations = [None] * len(sentences)
     latencies = []
     next_index = iter(range(len(sentences)))
@@ -143,9 +144,9 @@ async def load(session, base, sentences, clients):
             latencies.append(time.perf_counter() - began)
             translations[i] = answer["translations"][0]
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client() for _ in range(clients)))
-    return translations, latencies, time.perf_counter() - began
+    return translations, latencies, time.perf_counter() - began, time.process_time() - cpu
 
 
 async def measure_server(server, sentences, levels, expected):
@@ -160,7 +161,7 @@ async def measure_server(server, sentences, levels, expected):
         for clients in levels:
             progress(f"{clients} concurrent client{'s' if clients != 1 else ''}, one sentence per request")
             _, before = await get_json(session, f"{base}/ready")
-            translations, latencies, seconds = await load(session, base, sentences, clients)
+            translations, latencies, seconds, cpu = await load(session, base, sentences, clients)
             _, after = await get_json(session, f"{base}/ready")
             batches, decoded = after["batches"] - before["batches"], after["sentences"] - before["sentences"]
             rows.append(dict(clients=clients, seconds=round(seconds, 3),
@@ -168,6 +169,7 @@ async def measure_server(server, sentences, levels, expected):
                              latency_p50_ms=round(percentile(latencies, 50) * 1000, 1),
                              latency_p95_ms=round(percentile(latencies, 95) * 1000, 1),
                              mean_batch=round(decoded / batches, 2) if batches else None,
+                             clients_cpu_seconds=round(cpu, 3),
                              identical_to_batch_command=sum(t == e for t, e in zip(translations, expected))))
     return rows
 
@@ -244,7 +246,8 @@ def main(argv=None):
                  f"({row['share_of_batch_decoding']:.0%} of the batch command's decoding, "
                  f"{row['share_of_batch_wall']:.0%} of its wall time), p50 "
                  f"{row['latency_p50_ms']} ms, p95 {row['latency_p95_ms']} ms, mean batch {row['mean_batch']}, "
-                 f"{row['identical_to_batch_command']}/{len(sentences)} identical")
+                 f"{row['identical_to_batch_command']}/{len(sentences)} identical; the clients took "
+                 f"{row['clients_cpu_seconds']} s of CPU in {row['seconds']} s")
     progress(f"wrote {args.output}")
 
 
