@@ -39,7 +39,7 @@ SUBWORD_NMT_VOCABULARY = "subword_nmt_vocabulary"
 def remove_non_printing(text: str) -> str:
     """remove-non-printing-char.perl: every character of Unicode category C* becomes a space.
     The recipe's own (fairseq_rope_tools.text_steps.remove_non_printing, which must not load
-    fairseq) is the same lines; tests/test_raw_text.py checks that both agree."""
+    fairseq) is the same lines; tests/plugin/test_raw_text.py checks that both agree."""
     if text.isprintable():  # no character of a category C* (nor Z* but the space): nothing to do, fast
         return text
     return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)

@@ -98,7 +98,7 @@ fi
 # A regular (not editable) install of the plugin fairseq_rope/, the tools' fairseq_rope_tools/
 # and their fairseq-rope-* commands (fairseq-rope-user-dir: the plugin's directory for --user-dir).
 # --no-deps: the steps above installed what pyproject.toml lists, and what fairseq needs, which it
-# does not list (tests/test_install.py checks that nothing is missing).
+# does not list (tests/e2e/test_install.py checks that nothing is missing).
 log "installing fairseq_rope and fairseq_rope_tools"
 rm -rf "$ROOT/build"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps --force-reinstall "$ROOT"

@@ -8,7 +8,7 @@ import re
 import unicodedata
 
 import pytest
-from conftest import REPO
+from support.commands import REPO
 
 README_LIMIT = 12_000
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "examples").rglob("*.md")])
@@ -81,3 +81,12 @@ def test_the_usage_page_lists_the_flags_python_m_fairseq_rope_prints():
     assert documented, "docs/usage.md lost its `python -m fairseq_rope` block"
     assert documented.group(1) == printed.getvalue(), \
         "docs/usage.md's flag list differs from `python -m fairseq_rope`: paste the command's output there"
+
+
+def test_every_test_file_the_docs_and_code_name_exists():
+    """tests/ is shaped like the code: a page or a docstring naming a test file names it where it is."""
+    named = set()
+    for path in [*PAGES, *sorted((REPO / "fairseq_rope").rglob("*.py")), *sorted((REPO / "fairseq_rope_tools").rglob("*.py")),
+                 *sorted((REPO / "tests").rglob("*.py")), REPO / "scripts" / "setup_env.sh"]:
+        named.update(re.findall(r"\btests/[\w/]+\.py\b", path.read_text(encoding="utf-8")))
+    assert named and sorted(name for name in named if not (REPO / name).is_file()) == []

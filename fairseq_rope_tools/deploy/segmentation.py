@@ -54,7 +54,7 @@ class Segmentation:
 
 def remove_bpe(line: str, bpe_type: str) -> str:
     """fairseq's --remove-bpe (fairseq.data.data_utils.post_process) for the recipe's two BPE kinds;
-    kept here so that the CTranslate2 path needs no fairseq (tests/test_translate.py checks both
+    kept here so that the CTranslate2 path needs no fairseq (tests/tools/deploy/test_translate.py checks both
     agree)."""
     if bpe_type == "sentencepiece":
         return line.replace(" ", "").replace("\u2581", " ").strip()

@@ -35,7 +35,7 @@
    the speed-up over it. float32 must give fairseq's output on every line.
 
 Without CUDA it stops with one line, exit status 2, unless --tiny: then every step runs on the CPU
-with tiny sizes, so that the plumbing is tested anywhere (tests/test_gpu_check.py): the kernel
+with tiny sizes, so that the plumbing is tested anywhere (tests/tools/research/test_gpu_check.py): the kernel
 under Triton's interpreter (TRITON_INTERPRET=1, in a child process), fp32 training only, for a
 few updates (fp16 is reported as skipped), CTranslate2 float32 and int8 on the CPU, and steps that
 time nothing run two at a time. Its timings mean nothing. ``--data-bin`` trains on a binarized

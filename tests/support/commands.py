@@ -1,0 +1,90 @@
+"""Running the project's commands from the tests as a user runs them (only from tests marked
+e2e), the checkout's paths, and the badly named directory every test works under."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCRIPTS = Path(__file__).resolve().parent  # the helper scripts the tests start: ddp_worker.py ...
+
+# Every test works under a directory named as badly as a user could name one: a space, a semicolon
+# and a shell substitution. A tool or recipe that passes a path unquoted fails here, or makes a file
+# named x (checked at the end of the session), instead of doing so on a user's machine. Read by
+# pytest's tmp_path machinery when it first makes a directory.
+WORST_NAME = "a b;$(touch x)"
+TEMP_ROOT = Path(tempfile.gettempdir()) / "fairseq-rope-tests" / WORST_NAME
+TEMP_ROOT.mkdir(parents=True, exist_ok=True)
+os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TEMP_ROOT)
+
+
+#: the node id of the fast (in-process) test being set up or run, else None: set by conftest.py's
+#: hooks, read by cli_command
+fast_test_running = None
+
+
+def cli_command(args, env):
+    """The command line and environment run_cli runs ``args`` with (only from an e2e test)."""
+    if fast_test_running is not None:
+        raise AssertionError(f"{fast_test_running} runs `{' '.join(map(str, args[:2]))} ...` as a user would, "
+                             "which makes it an end-to-end test: mark it (or its module) with pytest.mark.e2e")
+    exe = BIN / args[0]
+    cmd = [str(exe) if exe.exists() else args[0], *map(str, args[1:])]
+    if args[0] == "fairseq-train" and "--data-buffer-size" not in cmd:
+        # fairseq's prefetching thread, still inside torch when a short training ends, made the
+        # process abort at exit now and then ("terminate called without an active exception")
+        cmd += ["--data-buffer-size", "0"]
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    full_env.update(env or {})
+    return cmd, full_env
+
+
+def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
+    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+    cmd, full_env = cli_command(args, env)
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}"
+            f"\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def run_cli_streaming(args, cwd=REPO, timeout=600, env=None):
+    """Run a command as run_cli does, its stderr merged into its stdout, reading every line as it
+    comes: [(line, running)], ``running`` whether the command had not exited yet when the line was
+    read. Raises AssertionError if the command fails or runs past ``timeout`` seconds."""
+    cmd, full_env = cli_command(args, env)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        lines = [(line.rstrip("\n"), proc.poll() is None) for line in proc.stdout]
+        status = proc.wait()
+    finally:
+        killer.cancel()
+        proc.stdout.close()
+    if status != 0:
+        output = "\n".join(line for line, _ in lines)[-8000:]
+        raise AssertionError(f"{' '.join(cmd)} exited {status} (killed after {timeout} s if negative)\n{output}")
+    return lines
+
+
+def translate_in_process(capsys, *args):
+    """fairseq-rope-translate's main in this process, quiet, one thread: (exit status, stderr lines)."""
+    from fairseq_rope_tools.deploy import translate
+
+    try:
+        translate.main([str(a) for a in args] + ["--quiet", "--threads", "1"])
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err.strip().splitlines()
