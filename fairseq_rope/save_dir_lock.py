@@ -49,10 +49,10 @@ def lock_save_dir(save_dir, suffix: str = "") -> str:
     if path in _held:
         return path
     verify_save_dir(save_dir)
-    fd = _locked(save_dir, path)
+    fd = _locked_descriptor(save_dir, path)
     while not _is_file_at(fd, path):  # its holder removed it as it ended: lock the new one
         os.close(fd)
-        fd = _locked(save_dir, path)
+        fd = _locked_descriptor(save_dir, path)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     _held[path] = fd
@@ -60,7 +60,7 @@ def lock_save_dir(save_dir, suffix: str = "") -> str:
     return path
 
 
-def _locked(save_dir, path) -> int:
+def _locked_descriptor(save_dir, path) -> int:
     """A descriptor of ``path`` that holds its lock."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)

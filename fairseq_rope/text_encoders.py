@@ -21,7 +21,6 @@ Sentencepiece needs nothing new: fairseq's ``--bpe sentencepiece`` is the recipe
 Both are registered with fairseq when the plugin is imported (``patches.install_patches``).
 """
 
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,19 +29,12 @@ from fairseq.data import encoders
 from fairseq.data.encoders.moses_tokenizer import MosesTokenizer, MosesTokenizerConfig
 from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPE, SubwordNMTBPEConfig
 
+from fairseq_rope_base.text import remove_non_printing
+
 from .config_values import OptionError
 
 MOSES_NORMALIZED = "moses_normalized"
 SUBWORD_NMT_VOCABULARY = "subword_nmt_vocabulary"
-
-
-def remove_non_printing(text: str) -> str:
-    """remove-non-printing-char.perl: every character of Unicode category C* becomes a space.
-    The recipe's own (fairseq_rope_tools.text_steps.remove_non_printing, which must not load
-    fairseq) is the same lines; tests/plugin/test_raw_text.py checks that both agree."""
-    if text.isprintable():  # no character of a category C* (nor Z* but the space): nothing to do, fast
-        return text
-    return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
 
 
 class MosesNormalizedTokenizer(MosesTokenizer):

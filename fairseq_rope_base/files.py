@@ -175,7 +175,7 @@ def replace_directory(directory, write, carry=()) -> None:
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     carried, delete = [], tmp  # delete: the new files after a failure, else the old directory
     try:
-        with _locked(tmp):
+        with _directory_locked(tmp):
             os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; give the usual mode
             write(tmp)
             _fsync_tree(tmp)
@@ -217,7 +217,7 @@ def _rename_aside_and_in(tmp: str, directory: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory):
+def _directory_locked(directory):
     """Try to hold an exclusive lock on ``directory`` while the block runs; yields whether it is
     held (not when another process holds it, or the file system has no locks)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -243,7 +243,7 @@ def remove_stale_temporary_directories(directory) -> None:
         if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
             continue
         try:
-            with _locked(entry.path) as stale:
+            with _directory_locked(entry.path) as stale:
                 if stale:
                     shutil.rmtree(entry.path, ignore_errors=True)
         except FileNotFoundError:  # its call has just finished

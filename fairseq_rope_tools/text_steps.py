@@ -2,8 +2,8 @@
 --replace-invalid-utf8), prepare.sh's Moses tokenisation of one language, and the records
 prepare.sh leaves beside each step's output."""
 
-import unicodedata
 
+from fairseq_rope_base.text import remove_non_printing
 from fairseq_rope_tools import text_lines
 
 RECORD_HEADER = "# prepare.sh step record v1"
@@ -19,13 +19,6 @@ class CommandLineReader(text_lines.LineReader):
         """Each replacement as a line of ``say``."""
         for change in self.changes():
             say(change)
-
-
-def remove_non_printing(text: str) -> str:
-    """remove-non-printing-char.perl: every character of Unicode category C* becomes a space."""
-    if text.isprintable():  # no character of a category C* (nor Z* but the space): nothing to do, fast
-        return text
-    return "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in text)
 
 
 class RecipeTokenizer:

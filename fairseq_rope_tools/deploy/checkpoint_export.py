@@ -104,7 +104,7 @@ def export_inputs(checkpoint, data_bin, segmentation: Optional[Segmentation]) ->
     return inputs
 
 
-def load_checkpoint(checkpoint, data_bin, overrides):
+def load_identified_checkpoint(checkpoint, data_bin, overrides):
     """The checkpoint's state and the identity of the bytes it was loaded from: hashed before and
     after loading, refused if they differ (replaced while it was read)."""
     from fairseq import checkpoint_utils
@@ -226,7 +226,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     src, tgt = languages_of(data_bin)
     segmentation = bundled_segmentation(data_bin, work_dir, src, tgt) if src else None  # refused before loading
     check_output_dir(output_dir, export_inputs(checkpoint, data_bin, segmentation), force)
-    state, identity = load_checkpoint(checkpoint, data_bin, overrides)
+    state, identity = load_identified_checkpoint(checkpoint, data_bin, overrides)
     args = model_config(state)
     buckets = bucket_models(args, overrides, factors) if factors else [(None, None, args)]
     for _, _, bucket_args in buckets:

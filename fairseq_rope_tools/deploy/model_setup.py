@@ -134,7 +134,7 @@ def check_model(args, engine: Optional[str] = None, checkpoint: Optional[str] = 
             raise UserError("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
         if not Path(args.model_dir).is_dir():
             raise UserError(f"--model-dir {args.model_dir} is not a directory")
-        bundle = verified_bundle(args.model_dir)
+        bundle = verified_model_dir(args.model_dir)
     else:
         if not checkpoint:
             raise UserError("--engine fairseq needs --checkpoint CKPT")
@@ -167,7 +167,7 @@ def check_model(args, engine: Optional[str] = None, checkpoint: Optional[str] = 
     return setup
 
 
-def verified_bundle(model_dir):
+def verified_model_dir(model_dir):
     """The bundle's manifest, every file checked against it, none a link out of it (None: a
     --length-buckets export of a version before bundles, verified by its own manifest); a
     directory without bundle.json is refused, never loaded unverified."""

@@ -144,7 +144,7 @@ def parse_args(argv):
     return args
 
 
-def check_model(args) -> model_setup.ModelSetup:
+def check_served_model(args) -> model_setup.ModelSetup:
     """The model and its segmentation as fairseq-rope-translate checks them for raw text from
     a file (model_setup.check_model): a bundle verified against its manifest, the languages, the
     vocabularies. Raises UserError."""
@@ -385,7 +385,7 @@ def main(argv=None):
         verb = "is" if len(missing) == 1 else "are"
         raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
                         "'fairseq-rope[serve]' (or run make setup)")
-    setup = check_model(args)
+    setup = check_served_model(args)
     # a request's own beam_size and nbest are its own; requests come mixed, as a stream's lines:
     # every bucket used stays loaded
     decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)

@@ -48,13 +48,13 @@ from fairseq_rope_tools.research.engine_timings import (
     configuration_name,
     ct2_translate,
     device_problem,
-    export,
     export_dir,
+    exported_model_dir,
     fairseq_generate,
     identical_count,
     progress,
-    remove_bpe,
     repeated,
+    text_of_tokens,
 )
 from fairseq_rope_tools.research.machine import cpu_model
 
@@ -91,7 +91,8 @@ def main(argv=None):
     progress(f"benchmarking {args.checkpoint} on {args.device}: {args.reps} rep(s) of each configuration "
              f"at {' and '.join(map(str, args.threads))} thread(s)")
     rows = []
-    models = {q: export(args.checkpoint, args.data_bin, args.out_dir, q) for _, q, _ in CT2_CONFIGS[args.device]}
+    models = {q: exported_model_dir(args.checkpoint, args.data_bin, args.out_dir, q)
+              for _, q, _ in CT2_CONFIGS[args.device]}
     for threads in args.threads:
         fairseq = {}  # precision -> (seconds of each rep, hypotheses by id)
         for precision in FAIRSEQ_PRECISIONS[args.device]:
@@ -101,7 +102,7 @@ def main(argv=None):
             _, sources, hyps, refs = runs[0]
             fairseq[precision] = [seconds for seconds, *_ in runs], hyps
         ids = sorted(sources)
-        references = [remove_bpe(refs[i], bpe_type) for i in ids]
+        references = [text_of_tokens(refs[i], bpe_type) for i in ids]
         configs = [("fairseq-generate", FAIRSEQ_COMPUTE_TYPES[precision], None, precision, times,
                     [hyps[i] for i in ids]) for precision, (times, hyps) in fairseq.items()]
         for compute_type, quantization, precision in CT2_CONFIGS[args.device]:
@@ -113,7 +114,7 @@ def main(argv=None):
         for engine, compute_type, use_mkl, precision, seconds, hypotheses in configs:
             times, hyps = fairseq[precision]  # compared with fairseq-generate in the same precision
             median = statistics.median(seconds)
-            detok = [remove_bpe(h, bpe_type) for h in hypotheses]
+            detok = [text_of_tokens(h, bpe_type) for h in hypotheses]
             rows.append(dict(
                 engine=engine, compute_type=compute_type,
                 backend=backend_name(use_mkl),

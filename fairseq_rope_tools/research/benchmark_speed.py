@@ -68,11 +68,11 @@ from fairseq_rope_tools.research.speed_measures import (
 # the report
 
 
-def fmt(v):
+def speed_figure(v):
     return f"{v:,.1f}" if v >= 100 else f"{v:.3g}"
 
 
-def table(rows):
+def speed_table(rows):
     """Markdown table of (label, summary, target) rows."""
     lines = [
         "| measurement | baseline | RoPE | RoPE / baseline (median of pairs) | pair range | target |",
@@ -84,7 +84,7 @@ def table(rows):
             ratio = f"**{res['ratio_median']:.3f}**"
             pair_range = f"{res['ratio_min']:.3f} - {res['ratio_max']:.3f}"
         lines.append(
-            f"| {label} | {fmt(res['baseline'])} {res['unit']} | {fmt(res['rope'])} {res['unit']} | "
+            f"| {label} | {speed_figure(res['baseline'])} {res['unit']} | {speed_figure(res['rope'])} {res['unit']} | "
             f"{ratio} | {pair_range} | {target} |"
         )
     return "\n".join(lines)
@@ -255,7 +255,7 @@ def main(argv=None):
     print(f"\nCommand: `{report['command']}`")
     print(f"Hardware: {hw['device']}, torch {hw['torch']}, {hw['threads']} threads, {args.clock} clock, "
           f"malloc {args.malloc}, {args.dtype}, {hw['fused_rotation_switch']}\n")
-    print(table(rows))
+    print(speed_table(rows))
     if args.json_out:
         write_json(args.json_out, report)
         print(f"\nJSON written to {args.json_out}")

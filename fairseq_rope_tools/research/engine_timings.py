@@ -13,7 +13,7 @@ from fairseq_rope_tools.cli import UserError, plugin_dir, progress_sayer
 from fairseq_rope_tools.deploy.batching import translate_sorted
 from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine, ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.engine import Decoding
-from fairseq_rope_tools.deploy.segmentation import remove_bpe as remove_bpe_from_line
+from fairseq_rope_tools.deploy.segmentation import remove_bpe
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64
 # target tokens before </s>: fairseq-generate's default --max-len-b (with --max-len-a 0), and CTranslate2's
@@ -76,8 +76,9 @@ def identical_count(hypotheses, reference):
     return sum(h == r for h, r in zip(hypotheses, reference))
 
 
-def remove_bpe(tokens, bpe_type):
-    return remove_bpe_from_line(" ".join(tokens), bpe_type)
+def text_of_tokens(tokens, bpe_type):
+    """The line of BPE ``tokens`` with the BPE removed."""
+    return remove_bpe(" ".join(tokens), bpe_type)
 
 
 def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp32", max_len=MAX_LEN):
@@ -136,7 +137,7 @@ def export_dir(out_dir, quantization):
     return out_dir / f"ct2_{quantization}"
 
 
-def export(checkpoint, data_bin, out_dir, quantization):
+def exported_model_dir(checkpoint, data_bin, out_dir, quantization):
     """OUT_DIR/ct2_QUANTIZATION, exported unless it holds this very checkpoint already. In this
     process: torch and fairseq are loaded once for all exports."""
     from fairseq_rope_tools.deploy import checkpoint_export as exporter

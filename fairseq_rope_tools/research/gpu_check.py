@@ -72,7 +72,7 @@ from fairseq_rope_tools.research.gpu_check_ctranslate2 import ctranslate2_sectio
 from fairseq_rope_tools.research.gpu_check_environment import environment_section
 from fairseq_rope_tools.research.gpu_check_generation import generation_section, speed_section
 from fairseq_rope_tools.research.gpu_check_kernel import device_sections
-from fairseq_rope_tools.research.gpu_check_report import markdown, verdicts
+from fairseq_rope_tools.research.gpu_check_report import report_markdown, verdicts
 from fairseq_rope_tools.research.gpu_check_training import quickstart_data_bin, training_section
 
 
@@ -184,7 +184,7 @@ def main(argv=None):
     def write_report():
         report.update(verdicts=verdicts(report), seconds=round(time.time() - started, 1))
         write_text_atomically(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
-        write_text_atomically(out_dir / "report.md", markdown(report))
+        write_text_atomically(out_dir / "report.md", report_markdown(report))
 
     with children_end_with_this_process():  # its trainings and decodes, also if it is killed
         run_checks(args, device, sizes, out_dir, data_bin_ready, report, write_report)

@@ -11,7 +11,7 @@ def ctranslate2_section(training, data_bin, work_dir, device, sizes, threads, de
         raise RuntimeError(problem)
     checkpoint = training["runs"]["rope fp32"]["checkpoint"]
     configs = engine_timings.CT2_CONFIGS[device]
-    models = {q: engine_timings.export(checkpoint, data_bin, work_dir / "ct2", q)
+    models = {q: engine_timings.exported_model_dir(checkpoint, data_bin, work_dir / "ct2", q)
               for q in dict.fromkeys(q for _, q, _ in configs)}
     rows = []
     for compute_type, quantization, precision in configs:

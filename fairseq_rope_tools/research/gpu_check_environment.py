@@ -5,7 +5,7 @@ import platform
 from fairseq_rope_tools.research.machine import cpu_model
 
 
-def package_version(*names):
+def distribution_version(*names):
     from importlib.metadata import PackageNotFoundError, version
 
     for name in names:
@@ -21,8 +21,9 @@ def environment_section(device):
     import torch
 
     info = {"device": device, "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": package_version("triton"),
-            "ctranslate2": package_version("ctranslate2"), "fairseq": package_version("fairseq-fixed", "fairseq"),
+            "cuda": torch.version.cuda, "triton": distribution_version("triton"),
+            "ctranslate2": distribution_version("ctranslate2"),
+            "fairseq": distribution_version("fairseq-fixed", "fairseq"),
             "cpu": cpu_model() or platform.processor() or "unknown"}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)

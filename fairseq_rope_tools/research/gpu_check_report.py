@@ -26,15 +26,15 @@ def failed_steps(report):
     return [name for name, step in {**sections, **runs}.items() if step.get("status") == "failed"]
 
 
-def fmt(value, digits=4):
+def cell(value, digits=4):
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.{digits}g}"
     return "-" if value is None else str(value)
 
 
-def table(header, rows):
+def markdown_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -48,7 +48,7 @@ def environment_md(env):
             ("GPU memory (GiB)", gpu.get("memory_gib")), ("CUDA", env["cuda"]), ("torch", env["torch"]),
             ("Triton", env["triton"]), ("CTranslate2", env["ctranslate2"]), ("fairseq", env["fairseq"]),
             ("Python", env["python"]), ("CPU", env["cpu"])]
-    return table(("", ""), rows)
+    return markdown_table(("", ""), rows)
 
 
 def kernel_md(kernel):
@@ -57,8 +57,8 @@ def kernel_md(kernel):
     return (f"{kernel['backend']}, shapes (T, B, H, head_dim) {kernel['shapes']}; largest errors against "
             "the rotation computed in fp64 and rounded once to the dtype, in ulps of the dtype at the reference "
             "value (fp32 is judged by its absolute error: results near zero make its ulps large).\n\n"
-            + table(("dtype", "cases", "forward abs", "forward ulps", "backward abs", "backward ulps", "tolerance",
-                     "verdict"), rows))
+            + markdown_table(("dtype", "cases", "forward abs", "forward ulps", "backward abs", "backward ulps",
+                              "tolerance", "verdict"), rows))
 
 
 def training_md(training):
@@ -68,18 +68,18 @@ def training_md(training):
     def at(run, update):  # valid loss at a validation, and the last train loss logged by then
         valid = {u: loss for u, loss, _ in run["valid_curve"]}.get(update)
         logged = [loss for u, loss in run["train_curve"] if u <= update]
-        return f"{fmt(valid)} / {fmt(logged[-1]) if logged else '-'}"
+        return f"{cell(valid)} / {cell(logged[-1]) if logged else '-'}"
 
-    curves = table(("update", *runs), [(u, *(at(run, u) for run in runs.values())) for u in updates])
+    curves = markdown_table(("update", *runs), [(u, *(at(run, u) for run in runs.values())) for u in updates])
     skipped = [f"- {name}: {run.get('error', run['status'])}" for name, run in training["runs"].items()
                if "valid_curve" not in run]
-    summary = table(("run", "arch", "final valid loss", "final train loss", "words/s", "updates/s", "seconds"),
+    summary = markdown_table(("run", "arch", "final valid loss", "final train loss", "words/s", "updates/s", "seconds"),
                     [(name, r["arch"], r["final_valid_loss"], r["final_train_loss"], r["words_per_second"],
                       r["updates_per_second"], r["seconds"]) for name, r in runs.items()])
     v = training["fp16_verdict"]
-    verdict = (f"RoPE fp16 final validation loss {fmt(v['fp16'])} vs fp32 {fmt(v['fp32'])}: fp16 higher by "
-               f"{fmt(v['rope_excess'])} (relative; sinusoidal: {fmt(v['sinusoidal_excess'])}), allowed "
-               f"{fmt(v['allowed'])} (tolerance {v['tolerance']} plus sinusoidal's excess): "
+    verdict = (f"RoPE fp16 final validation loss {cell(v['fp16'])} vs fp32 {cell(v['fp32'])}: fp16 higher by "
+               f"{cell(v['rope_excess'])} (relative; sinusoidal: {cell(v['sinusoidal_excess'])}), allowed "
+               f"{cell(v['allowed'])} (tolerance {v['tolerance']} plus sinusoidal's excess): "
                f"**{'pass' if v['pass'] else 'FAIL'}**"
                if v["pass"] is not None else f"RoPE fp16 vs fp32: {v['status']}")
     return "\n\n".join([f"{training['updates']} updates on {training['device']}; validation / train loss "
@@ -92,20 +92,20 @@ def generation_md(generation):
             for name, r in generation["runs"].items()]
     return (f"fairseq-generate, beam {generation['beam']}, lenpen {generation['lenpen']}, at most "
             f"{generation['max_len']} tokens, batch {generation['batch_size']}; decoding time only.\n\n"
-            + table(("model and precision", "sentences", "seconds", "sentences/s", "tokens/s"), rows))
+            + markdown_table(("model and precision", "sentences", "seconds", "sentences/s", "tokens/s"), rows))
 
 
 def speed_md(speed):
     from fairseq_rope.modules.fused_rotary import FUSED_SWITCH  # here: the plugin loads torch and fairseq
-    parts = [table(("RoPE / sinusoidal", "ratio"), speed["rope_over_sinusoidal"].items())]
+    parts = [markdown_table(("RoPE / sinusoidal", "ratio"), speed["rope_over_sinusoidal"].items())]
     if speed.get("fused_over_reference_rotation"):
-        parts.append(table((f"RoPE, fused kernel / reference rotation ({FUSED_SWITCH}=0)", "ratio"),
+        parts.append(markdown_table((f"RoPE, fused kernel / reference rotation ({FUSED_SWITCH}=0)", "ratio"),
                            speed["fused_over_reference_rotation"].items()))
     return "\n\n".join(parts)
 
 
 def bandwidth_md(bw):
-    return table(("", ""), [("q and k (T, B, H, head_dim)", bw["shape"]), ("dtype", bw["dtype"]),
+    return markdown_table(("", ""), [("q and k (T, B, H, head_dim)", bw["shape"]), ("dtype", bw["dtype"]),
                             ("bytes read + written", bw["bytes_moved"]), ("GB/s", bw["gb_per_s"]),
                             ("device copy GB/s", bw["copy_gb_per_s"]), ("peak GB/s", bw["peak_gb_per_s"]),
                             ("peak from", bw["peak_source"]), ("% of peak", bw["percent_of_peak"])])
@@ -117,8 +117,8 @@ def ctranslate2_md(ct2):
     return ("The RoPE model, exported by fairseq-rope-export, decoded with fairseq-generate's settings. A "
             "hypothesis that reaches the length limit may differ: fairseq forces and scores </s> after it, "
             "CTranslate2 stops.\n\n"
-            + table(("compute type", "weights", "compared with", "identical lines", "fairseq lines at the length "
-                     "limit", "sentences/s", "speed-up"), rows))
+            + markdown_table(("compute type", "weights", "compared with", "identical lines",
+                              "fairseq lines at the length limit", "sentences/s", "speed-up"), rows))
 
 
 SECTIONS = (("environment", "Environment", environment_md), ("kernel", "Fused rotation kernel", kernel_md),
@@ -127,11 +127,11 @@ SECTIONS = (("environment", "Environment", environment_md), ("kernel", "Fused ro
             ("ctranslate2", "CTranslate2", ctranslate2_md))
 
 
-def markdown(report):
+def report_markdown(report):
     mode = "tiny (CPU plumbing check: the numbers mean nothing)" if report["tiny"] else "full"
     if not report["complete"]:
         mode += f"; **incomplete**: written {report['seconds']} s into the check, which has not finished"
-    parts = [f"# GPU check ({mode})", "## Verdicts", table(("check", "result"), [
+    parts = [f"# GPU check ({mode})", "## Verdicts", markdown_table(("check", "result"), [
         (k, {True: "pass", False: "**FAIL**", None: "not run"}[v]) for k, v in report["verdicts"].items()])]
     for key, title, render in SECTIONS:
         section = report.get(key)

@@ -106,11 +106,11 @@ def loss_verdict(runs, tolerance):
 
 def plot_runs(runs, output, title):
     """losses.png with fairseq-rope-plot-losses's plot."""
-    from fairseq_rope_tools.research.loss_plots import plot
+    from fairseq_rope_tools.research.loss_plots import plot_loss_curves
 
     curves = [(name, dict(run["train_curve"]), {u: loss for u, loss, _ in run["valid_curve"]})
               for name, run in runs.items() if "train_curve" in run]
-    plot(curves, output, title)
+    plot_loss_curves(curves, output, title)
 
 
 def training_section(data_bin, langs, work_dir, out_dir, device, sizes, updates, threads, tolerance):

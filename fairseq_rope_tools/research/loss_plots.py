@@ -13,7 +13,7 @@ def parse_log(path, subset="valid"):
             {update: loss for update, loss, _ in parsed["valid_curve"]})
 
 
-def plot(runs, output, title=None):
+def plot_loss_curves(runs, output, title=None):
     import matplotlib
 
     matplotlib.use("Agg")

@@ -14,7 +14,7 @@ import os
 
 from fairseq_rope_base.files import outputs_over_inputs_problem
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
-from fairseq_rope_tools.research.loss_plots import parse_log, plot
+from fairseq_rope_tools.research.loss_plots import parse_log, plot_loss_curves
 
 
 @command
@@ -44,7 +44,7 @@ def main(argv=None):
         runs.append((label, train, valid))
     out_dir = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(out_dir, exist_ok=True)
-    plot(runs, args.output, args.title)
+    plot_loss_curves(runs, args.output, args.title)
     print(os.path.abspath(args.output))
 
 

@@ -216,3 +216,16 @@ def test_every_command_parses_with_the_one_parser_class():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "argparse"):
                 plain.add(str(path.relative_to(REPO)))
     assert plain == set(), f"plain argparse parsers: use fairseq_rope_tools.cli.ArgumentParser in {sorted(plain)}"
+
+
+def test_top_level_names_are_unique_across_the_packages():
+    """A function or class name means one thing in the whole project (a reader who meets
+    ``verified_bundle`` twice should not have to check which); every command has its ``main``
+    and ``parse_args``."""
+    defined = {}
+    for path in _python_files("fairseq_rope_base", "fairseq_rope", "fairseq_rope_tools"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in defined.items()
+            if len(paths) > 1 and name not in ("main", "parse_args")} == {}

@@ -89,7 +89,7 @@ def generate_seconds(log_path):
     return float(times[-1]) if times else None
 
 
-def decode(args, data, checkpoint, overrides, log_path, name, slot):
+def decode_test_set(args, data, checkpoint, overrides, log_path, name, slot):
     """Beam search on ``--gen-subset``: [(source, hypothesis, reference)] in test-set order,
     tokenized, subwords removed."""
     expected = max(end or 0 for _, end in data.groups.values())  # 0: a --data-bin subset of unknown size

@@ -13,7 +13,7 @@ from fairseq_rope_tools.cli import duration, run_logged
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research.compare.decoding import (
     CT2_BUCKETS,
-    decode,
+    decode_test_set,
     decode_with_ctranslate2,
     generate_seconds,
     score_decode,
@@ -143,7 +143,7 @@ def run_one(args, data, variant, seed, slot, start=None):
             rows, speed = decode_with_ctranslate2(args, data, averaged, wanted_settings, log_path,
                                                   f"{name}{suffix}", slot, run_dir)
         else:
-            rows = decode(args, data, averaged, wanted_settings["overrides"], log_path,
+            rows = decode_test_set(args, data, averaged, wanted_settings["overrides"], log_path,
                           f"{name}: decoding {args.gen_subset}{suffix}", slot)
             speed = {"seconds": generate_seconds(log_path)}
         refs_tok = data.refs_tok if data.refs_tok is not None else [t for _, _, t in rows]

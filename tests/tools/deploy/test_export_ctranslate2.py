@@ -228,7 +228,7 @@ def test_the_benchmark_refuses_to_write_its_results_over_its_checkpoint(tmp_path
     checkpoint = tmp_path / "results.json"
     checkpoint.write_bytes(b"the checkpoint's bytes")
     (tmp_path / "data-bin").mkdir()
-    monkeypatch.setattr(bench, "export", lambda *a: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(bench, "exported_model_dir", lambda *a: pytest.fail("the benchmark started"))
     with pytest.raises(SystemExit) as stopped:
         bench.main(["--checkpoint", str(checkpoint), "--data-bin", str(tmp_path / "data-bin"), "--out-dir",
                     str(tmp_path)])

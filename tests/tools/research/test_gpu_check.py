@@ -198,7 +198,7 @@ def test_a_report_written_midway_says_what_was_not_reached(tiny_report):
     report = {key: value for key, value in tiny_report[0].items() if key not in ("generation", "speed", "ctranslate2")}
     report.update(complete=False, seconds=12.5)
     report["verdicts"] = gpu_check_report.verdicts(report)
-    md = gpu_check_report.markdown(report)
+    md = gpu_check_report.report_markdown(report)
     assert "**incomplete**: written 12.5 s into the check" in md
     assert md.count("not reached yet") == 3 and "| CTranslate2 float32 identical to fairseq | not run |" in md
     assert tiny_report[0]["complete"] is True and "incomplete" not in tiny_report[1]
