@@ -110,7 +110,7 @@ def test_a_new_kind_reaches_the_exporter_and_the_comparison_harness(toy, monkeyp
     """fairseq-rope-export and fairseq-rope-compare read the registry too: the exporter refuses
     or expresses the kind as its table says, the harness decodes with it."""
     from fairseq_rope_tools.deploy import ctranslate2_spec
-    from fairseq_rope_tools.research.compare import cli as compare_cli
+    from fairseq_rope_tools.research.compare import command as compare_cli
     from fairseq_rope_tools.research.compare import decoding as compare_decoding
 
     _, args = parse("--rope-scaling", toy.name, "--rope-scaling-factor", "4", "--rope-scaling-original-length", "16")

@@ -14,7 +14,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 COMMANDS = PYPROJECT["project"]["scripts"]
 
 # the harness's modules, each importing only those before it
-HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", "schedule", "cli")
+HARNESS_LAYERS = ("variants", "progress", "data", "report", "decoding", "runs", "schedule", "command")
 # Translating with CTranslate2, serving, the recipe's text steps and the harness run where torch is
 # not wanted (a deploy machine, a data-preparation job). The rule, by folder: every module of
 # fairseq_rope_base and fairseq_rope_tools imports without torch, fairseq, the plugin or
@@ -28,9 +28,9 @@ NEEDS_TORCH = {
     "fairseq_rope_tools.deploy.ctranslate2_spec": "builds the spec from the model's tensors",
     "fairseq_rope_tools.deploy.ctranslate2_scaling": "scales the model's frequencies with the plugin's",
     "fairseq_rope_tools.deploy.export_ctranslate2": "the export command, over the two above",
-    "fairseq_rope_tools.research.ablate_rotation_cost": "times the rotation in torch",
-    "fairseq_rope_tools.research.benchmark_speed": "times torch models",
-    "fairseq_rope_tools.research.speed_measures": "times torch models",
+    "fairseq_rope_tools.research.benchmarks.ablate_rotation_cost": "times the rotation in torch",
+    "fairseq_rope_tools.research.benchmarks.speed": "times torch models",
+    "fairseq_rope_tools.research.benchmarks.speed_measures": "times torch models",
     "fairseq_rope_tools.research.plot_rope_decay": "computes the plugin's rotary decay",
 }
 TORCH_FREE_PACKAGES = ("fairseq_rope_base", "fairseq_rope_tools")

@@ -1,2 +1,2 @@
-"""fairseq-rope-compare: position encodings compared under identical conditions (cli.py is the
-command; the layers below it: variants, runs, decoding, schedule, data, report)."""
+"""fairseq-rope-compare: position encodings compared under identical conditions (command.py is
+the command; the layers below it: variants, runs, decoding, schedule, data, report)."""

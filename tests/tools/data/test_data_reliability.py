@@ -20,7 +20,7 @@ from fairseq_rope_base import files
 from fairseq_rope_tools.data import generate_corpus as gc
 from fairseq_rope_tools.data import gettext_corpus
 from fairseq_rope_tools.data import text_tools as tt
-from fairseq_rope_tools.research.compare import cli as compare_cli
+from fairseq_rope_tools.research.compare import command as compare_cli
 
 MESSAGES = {f"message number {i} here": f"Nachricht Nummer {i} hier" for i in range(40)}
 

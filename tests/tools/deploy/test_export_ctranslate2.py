@@ -210,7 +210,7 @@ def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatc
     """The helpers raise (gpu_check.py calls them too); only the command's entry point exits."""
     import subprocess
 
-    from fairseq_rope_tools.research import engine_timings as bench
+    from fairseq_rope_tools.research.benchmarks import engine_timings as bench
 
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="RuntimeError: boom\n")
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: failed)
@@ -223,7 +223,7 @@ def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatc
 
 
 def test_the_benchmark_refuses_to_write_its_results_over_its_checkpoint(tmp_path, capsys, monkeypatch):
-    from fairseq_rope_tools.research import benchmark_ctranslate2 as bench
+    from fairseq_rope_tools.research.benchmarks import ctranslate2_speed as bench
 
     checkpoint = tmp_path / "results.json"
     checkpoint.write_bytes(b"the checkpoint's bytes")

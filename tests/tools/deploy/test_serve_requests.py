@@ -449,6 +449,6 @@ def test_more_lines_per_request_than_the_queue_holds_is_refused(capsys):
                                        ([float(i * i) for i in range(37)], 95), ([2.0, 2.0, 9.0], 0)])
 def test_the_benchmarks_percentile_is_numpys_linear_one(values, q):
     numpy = pytest.importorskip("numpy")
-    from fairseq_rope_tools.research.benchmark_serve import percentile
+    from fairseq_rope_tools.research.benchmarks.serve_load import percentile
 
     assert percentile(values, q) == pytest.approx(float(numpy.percentile(values, q)))

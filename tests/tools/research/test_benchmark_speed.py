@@ -115,7 +115,7 @@ def test_the_rotation_ablation_says_each_rep_before_its_table():
 
 def test_pool_never_writes_its_report_over_one_it_reads(tmp_path, capsys):
     """--pool A B --json-out A would replace report A by the pooled one: refused before reading."""
-    from fairseq_rope_tools.research import benchmark_speed
+    from fairseq_rope_tools.research.benchmarks import speed as benchmark_speed
 
     report = tmp_path / "run1.json"
     report.write_text('{"results": {}}')

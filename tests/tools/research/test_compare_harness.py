@@ -23,7 +23,7 @@ from support.commands import REPO, cli_command, run_cli
 from fairseq_rope_tools import cli, metrics, training_log
 from fairseq_rope_tools.checkpoints import score_bleu
 from fairseq_rope_tools.research import significance
-from fairseq_rope_tools.research.compare import cli as compare_cli
+from fairseq_rope_tools.research.compare import command as compare_cli
 from fairseq_rope_tools.research.compare import data as compare_data
 from fairseq_rope_tools.research.compare import decoding as compare_decoding
 from fairseq_rope_tools.research.compare import runs as compare_runs

@@ -12,13 +12,11 @@ import pytest
 from support.commands import run_cli
 
 from fairseq_rope.modules.rotation_reference import kernel_error, rotation_from_definition, ulps_off
-from fairseq_rope_tools.research import (
-    gpu_check,
-    gpu_check_common,
-    gpu_check_kernel,
-    gpu_check_report,
-    gpu_check_training,
-)
+from fairseq_rope_tools.research.gpu_check import command as gpu_check
+from fairseq_rope_tools.research.gpu_check import common as gpu_check_common
+from fairseq_rope_tools.research.gpu_check import kernel as gpu_check_kernel
+from fairseq_rope_tools.research.gpu_check import report as gpu_check_report
+from fairseq_rope_tools.research.gpu_check import training as gpu_check_training
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("triton")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from fairseq_rope_tools.cli import run_logged
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research.compare import data as compare_data
-from fairseq_rope_tools.research.gpu_check_common import guarded, run_lanes, say
+from fairseq_rope_tools.research.gpu_check.common import guarded, run_lanes, say
 from fairseq_rope_tools.training_log import parse_train_log
 
 TRAIN_SH = recipe_step("wmt14_en_de", "train.sh")

@@ -1,9 +1,9 @@
 """fairseq-rope-gpu-check, sections 4 and 5: the fp32-trained models decode the test set with
 fairseq-generate (fairseq-rope-benchmark-ct2's settings), and the RoPE / sinusoidal speed ratios."""
 
-from fairseq_rope_tools.research import engine_timings
-from fairseq_rope_tools.research.gpu_check_common import run_lanes
-from fairseq_rope_tools.research.gpu_check_training import MODELS, PRECISIONS, REFERENCE_ROTATION_RUN
+from fairseq_rope_tools.research.benchmarks import engine_timings
+from fairseq_rope_tools.research.gpu_check.common import run_lanes
+from fairseq_rope_tools.research.gpu_check.training import MODELS, PRECISIONS, REFERENCE_ROTATION_RUN
 
 
 def generation_section(training, data_bin, device, sizes, threads, decodes):

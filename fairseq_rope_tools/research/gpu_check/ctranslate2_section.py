@@ -2,7 +2,7 @@
 and decoded on the device by fairseq-rope-translate's CTranslate2 engine, through
 fairseq-rope-benchmark-ct2's worker, against fairseq-generate's hypotheses."""
 
-from fairseq_rope_tools.research import engine_timings
+from fairseq_rope_tools.research.benchmarks import engine_timings
 
 
 def ctranslate2_section(training, data_bin, work_dir, device, sizes, threads, decodes):

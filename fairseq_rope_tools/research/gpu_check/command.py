@@ -41,11 +41,10 @@ few updates (fp16 is reported as skipped), CTranslate2 float32 and int8 on the C
 time nothing run two at a time. Its timings mean nothing. ``--data-bin`` trains on a binarized
 corpus of your own instead of the quickstart one (joined dictionary, en->de unless --src/--tgt).
 
-This module is the command; each section is a module of its own (gpu_check_environment,
-gpu_check_kernel with the bandwidth, gpu_check_training, gpu_check_generation with the speed
-ratios, gpu_check_ctranslate2), what they share is in gpu_check_common, and report.md is rendered
-by gpu_check_report. The CTranslate2 section decodes with fairseq-rope-translate's CTranslate2
-engine (fairseq_rope_tools/deploy/ctranslate2_engine.py).
+This module is the command; each section is a module of its own in this package (environment,
+kernel with the bandwidth, training, generation with the speed ratios, ctranslate2_section), what
+they share is in common, and report.md is rendered by report. The CTranslate2 section decodes
+with fairseq-rope-translate's CTranslate2 engine (fairseq_rope_tools/deploy/ctranslate2_engine.py).
 
 Exit status: 0 when every verdict passes, 1 when one fails or a step fails (the report says which
 and why), 2 for bad arguments or no CUDA device.
@@ -67,13 +66,13 @@ from fairseq_rope_tools.cli import (
     children_end_with_this_process,
     command,
 )
-from fairseq_rope_tools.research.gpu_check_common import FULL, TINY, guarded, say
-from fairseq_rope_tools.research.gpu_check_ctranslate2 import ctranslate2_section
-from fairseq_rope_tools.research.gpu_check_environment import environment_section
-from fairseq_rope_tools.research.gpu_check_generation import generation_section, speed_section
-from fairseq_rope_tools.research.gpu_check_kernel import device_sections
-from fairseq_rope_tools.research.gpu_check_report import report_markdown, verdicts
-from fairseq_rope_tools.research.gpu_check_training import quickstart_data_bin, training_section
+from fairseq_rope_tools.research.gpu_check.common import FULL, TINY, guarded, say
+from fairseq_rope_tools.research.gpu_check.ctranslate2_section import ctranslate2_section
+from fairseq_rope_tools.research.gpu_check.environment import environment_section
+from fairseq_rope_tools.research.gpu_check.generation import generation_section, speed_section
+from fairseq_rope_tools.research.gpu_check.kernel import device_sections
+from fairseq_rope_tools.research.gpu_check.report import report_markdown, verdicts
+from fairseq_rope_tools.research.gpu_check.training import quickstart_data_bin, training_section
 
 
 def parse_args(argv):

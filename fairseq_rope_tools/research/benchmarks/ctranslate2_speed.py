@@ -35,7 +35,7 @@ from fairseq_rope_base.files import outputs_over_inputs_problem, write_text_atom
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.deploy.work_dir import bpe_type_of
 from fairseq_rope_tools.metrics import tokenized_bleu
-from fairseq_rope_tools.research.engine_timings import (
+from fairseq_rope_tools.research.benchmarks.engine_timings import (
     BATCH,
     BEAM,
     CPU_BACKENDS,

@@ -5,7 +5,7 @@ Times forward + backward + Adam step, alternating in one process, for three mode
 inputs: stock ``transformer`` (sinusoidal), ``transformer_rope``, and ``transformer_rope`` with
 the rotation replaced by the identity (same attention code path, no rotation). Prints the
 per-step times, their medians and the minor page faults per step (``--malloc retain``: see
-benchmark_speed.py); a line on stderr as the warm-up and each repetition start.
+benchmarks/speed.py); a line on stderr as the warm-up and each repetition start.
 
     fairseq-rope-ablate-rotation --dim base --reps 4
 """
@@ -17,9 +17,9 @@ import time
 import torch
 
 from fairseq_rope_tools.cli import ArgumentParser, command, progress_sayer
+from fairseq_rope_tools.research.benchmarks.speed_measures import ARCHS, build_on, make_batch, train_step
 from fairseq_rope_tools.research.machine import page_faults, use_malloc
 from fairseq_rope_tools.research.models import DictionaryTask
-from fairseq_rope_tools.research.speed_measures import ARCHS, build_on, make_batch, train_step
 
 
 @command

@@ -1,4 +1,4 @@
-"""What the sections of fairseq-rope-gpu-check (fairseq_rope_tools/research/gpu_check.py) share:
+"""What the sections of fairseq-rope-gpu-check (fairseq_rope_tools/research/gpu_check/command.py) share:
 the sizes of a CUDA check and of a tiny one, running steps side by side, and keeping one step's
 failure from losing the others' results."""
 
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fairseq_rope_tools.cli import sayer, terminate_running
-from fairseq_rope_tools.research import engine_timings
+from fairseq_rope_tools.research.benchmarks import engine_timings
 
 
 @dataclass(frozen=True)

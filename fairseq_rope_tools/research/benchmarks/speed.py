@@ -45,13 +45,11 @@ import torch
 
 from fairseq_rope_base.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
-from fairseq_rope_tools.research.machine import use_malloc
-from fairseq_rope_tools.research.models import DictionaryTask
-from fairseq_rope_tools.research.paired_stats import pool_ratios
-from fairseq_rope_tools.research.speed_measures import (
+from fairseq_rope_tools.research.benchmarks.speed_measures import (
     ARCHS,
     CLOCKS,
     DTYPES,
+    MemoryRun,
     Stopwatch,
     batch_sentences,
     bench_generation,
@@ -60,9 +58,11 @@ from fairseq_rope_tools.research.speed_measures import (
     bench_training,
     hardware,
     make_batch,
-    memory_child,
     progress,
 )
+from fairseq_rope_tools.research.machine import use_malloc
+from fairseq_rope_tools.research.models import DictionaryTask
+from fairseq_rope_tools.research.paired_stats import pool_ratios
 
 # --------------------------------------------------------------------------------------------
 # the report
@@ -168,15 +168,14 @@ def parse_args(argv=None):
     p.add_argument("--json-out")
     p.add_argument("--pool", nargs="+", metavar="REPORT",
                    help="run nothing: pool the pairs of these --json-out reports row by row")
-    p.add_argument("--memory-child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def memory_child_args(args):
-    """The options a ``--memory-child`` process needs, as a command line."""
-    return ["--device", args.device, "--vocab", str(args.vocab), "--length", str(args.length),
-            "--tokens-per-batch", str(args.tokens_per_batch), "--threads", str(args.threads),
-            "--memory-steps", str(args.memory_steps), "--dtype", args.dtype]
+def memory_run(args) -> MemoryRun:
+    """What each peak-memory process trains."""
+    return MemoryRun(device=args.device, vocab=args.vocab, length=args.length, steps=args.memory_steps,
+                     sentences=batch_sentences(args.tokens_per_batch, args.length), dtype=args.dtype,
+                     threads=args.threads)
 
 
 def speed_rows(dim, label, faults_label, res):
@@ -206,7 +205,7 @@ def run_benchmarks(args, device, stopwatch):
             progress(f"{dim} training done: RoPE / baseline {res['ratio_median']:.3f}")
         if "memory" not in args.skip:
             progress(f"{dim} memory: {models}, a fresh process each")
-            res = bench_memory(archs, memory_child_args(args), args.memory_reps, label=f"{dim} memory")
+            res = bench_memory(archs, memory_run(args), args.memory_reps, label=f"{dim} memory")
             results[f"memory_{dim}"] = res
             target = "<= 1.02" if dim == "base" else ""
             rows.append((f"{dim}: peak training memory (process)", res["peak_mib"], target))
@@ -242,13 +241,9 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     device = torch.device(args.device)
-    if args.memory_child:
-        memory_child(args.memory_child, device, args.vocab, batch_sentences(args.tokens_per_batch, args.length),
-                     args.length, args.memory_steps, DTYPES[args.dtype])
-        return
     logging.disable(logging.WARNING)
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "hardware": hardware(device),
-              "settings": {k: v for k, v in vars(args).items() if k != "memory_child"}, "results": {}}
+              "settings": vars(args), "results": {}}
     report["results"], rows = run_benchmarks(args, device, Stopwatch(device, CLOCKS[args.clock]))
 
     hw = report["hardware"]

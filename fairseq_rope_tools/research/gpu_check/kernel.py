@@ -1,6 +1,6 @@
 """fairseq-rope-gpu-check, sections 2 and 6: the fused Triton rotation against its definition
 (forward and backward, every dtype and layout) and its bandwidth. Run in a child process of its
-own (``python -m fairseq_rope_tools.research.gpu_check_kernel REQUEST``), so that Triton's
+own (``python -m fairseq_rope_tools.research.gpu_check.kernel REQUEST``), so that Triton's
 interpreter can be switched on before Triton is imported (TRITON_INTERPRET is read at import
 time)."""
 
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from fairseq_rope_tools.research.gpu_check_common import FULL, TINY, guarded
+from fairseq_rope_tools.research.gpu_check.common import FULL, TINY, guarded
 
 # specified memory bandwidth (GB/s) by a part of torch.cuda.get_device_name(); the first match wins,
 # so the more specific names come first
@@ -150,7 +150,7 @@ def bandwidth_section(device, sizes):
     copy_gb_per_s = 2 * sizes.copy_bytes / copy / 1e9
     name = torch.cuda.get_device_name(0) if device == "cuda" else None
     spec, entry = known_peak_bandwidth(name)
-    peak, source = (spec, f"specified bandwidth of {entry} (table in gpu_check_kernel.py)") if spec else (
+    peak, source = (spec, f"specified bandwidth of {entry} (table in gpu_check/kernel.py)") if spec else (
         copy_gb_per_s, f"measured: a {sizes.copy_bytes / 2 ** 20:g} MiB device copy")
     gb_per_s = moved / rotation / 1e9
     return {"shape": [T, B, H, D], "dtype": "float16", "bytes_moved": moved, "seconds": rotation,

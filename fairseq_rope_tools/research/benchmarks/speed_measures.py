@@ -34,8 +34,6 @@ MODELS = ("baseline", "rope")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 progress = progress_sayer("benchmark-speed")  # timed from the start of the tool
-#: the command a peak-memory measurement runs in a fresh process (--memory-child)
-MEMORY_CHILD_COMMAND = "fairseq_rope_tools.research.benchmark_speed"
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,6 +276,19 @@ def bench_rotation(sentences, length, stopwatch, reps, inner, warmup, dtype=torc
 # ------------------------------- peak memory: one fresh process per model
 
 
+@dataclass(frozen=True)
+class MemoryRun:
+    """What a peak-memory measurement trains, in a fresh process of its own (:func:`bench_memory`)."""
+
+    device: str
+    vocab: int
+    sentences: int
+    length: int
+    steps: int
+    dtype: str       # a key of DTYPES
+    threads: int
+
+
 def memory_child(arch, device, vocab, sentences, length, steps, dtype=torch.float32):
     """Build ``arch`` in ``dtype``, run training steps, print the memory high-water marks as JSON."""
     task = DictionaryTask(vocab)
@@ -305,9 +316,9 @@ def memory_child(arch, device, vocab, sentences, length, steps, dtype=torch.floa
     print("MEMORY_JSON " + json.dumps(out))
 
 
-def bench_memory(archs, child_args, reps, label="memory"):
-    """Peak training memory of each model of ``archs``, each in a fresh process run with
-    ``--memory-child ARCH`` and ``child_args``; ``reps`` pairs, announced as ``LABEL: rep 2/3``."""
+def bench_memory(archs, run: MemoryRun, reps, label="memory"):
+    """Peak training memory of each model of ``archs`` trained as ``run`` says, each in a fresh
+    process (this module run as a program); ``reps`` pairs, announced as ``LABEL: rep 2/3``."""
 
     def measure(arch):
         # A fixed glibc mmap threshold returns every large tensor to the OS when it is freed, so
@@ -315,7 +326,7 @@ def bench_memory(archs, child_args, reps, label="memory"):
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
         env.pop("GLIBC_TUNABLES", None)  # --malloc retain is for timings only
         proc = subprocess.run(
-            [sys.executable, "-m", MEMORY_CHILD_COMMAND, "--memory-child", arch, *child_args],
+            [sys.executable, "-m", __spec__.name, arch, json.dumps(run.__dict__)],
             capture_output=True, text=True, check=True, env=env,
         )
         line = [x for x in proc.stdout.splitlines() if x.startswith("MEMORY_JSON ")][-1]
@@ -348,3 +359,11 @@ def hardware(device):
     else:
         info.update(describe_cpu())
     return info
+
+
+if __name__ == "__main__":  # bench_memory's fresh process: ARCH and a MemoryRun as JSON
+    arch, settings = sys.argv[1], MemoryRun(**json.loads(sys.argv[2]))
+    torch.set_num_threads(settings.threads)
+    torch.set_num_interop_threads(1)
+    memory_child(arch, torch.device(settings.device), settings.vocab, settings.sentences, settings.length,
+                 settings.steps, DTYPES[settings.dtype])
