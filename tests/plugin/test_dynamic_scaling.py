@@ -7,7 +7,7 @@ batch; a long sentence gets the same output alone and in a mixed batch; incremen
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.modules.rotary import dynamic_factors
@@ -20,8 +20,8 @@ VARIANTS = ([], ["--rope-cross-attention", "--rope-values"])
 
 def models(scaling, *flags, original_length=L):
     """The same weights without scaling and with ``scaling`` (L = ``original_length``), in eval mode."""
-    plain, dictionary, _ = build_model("transformer_rope_tiny", *flags)
-    scaled, _, _ = build_model("transformer_rope_tiny", *flags, "--rope-scaling", scaling,
+    plain, dictionary, _ = model_with_dictionary("transformer_rope_tiny", *flags)
+    scaled, _, _ = model_with_dictionary("transformer_rope_tiny", *flags, "--rope-scaling", scaling,
                                "--rope-scaling-original-length", original_length)
     assert scaled.state_dict().keys() == plain.state_dict().keys()
     scaled.load_state_dict(plain.state_dict())
@@ -78,7 +78,7 @@ def test_each_sentence_of_a_mixed_batch_gets_its_output_alone(scaling, flags):
 def test_a_long_sentence_is_scaled_by_its_length_over_L(scaling, static):
     """Alone, a sentence of n > L tokens runs exactly as the static scaling with s = n / L."""
     _, scaled, d = models(scaling)
-    fixed, _, _ = build_model("transformer_rope_tiny", "--rope-scaling", static, "--rope-scaling-factor", 2.5,
+    fixed, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-scaling", static, "--rope-scaling-factor", 2.5,
                               "--rope-scaling-original-length", L)
     fixed.load_state_dict(scaled.state_dict())
     fixed.eval()
@@ -149,16 +149,16 @@ def test_incremental_decoding_with_a_beam_reorder_equals_the_full_forward(scalin
 
 def test_dynamic_scaling_without_a_training_length_names_the_flag():
     with pytest.raises(OptionError, match="pass --rope-scaling-original-length L"):
-        build_model("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn")
+        model_with_dictionary("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn")
     with pytest.raises(OptionError, match="--rope-scaling-factor 2 has no effect with --rope-scaling dynamic-ntk"):
-        build_model("transformer_rope_tiny", "--rope-scaling", "dynamic-ntk", "--rope-scaling-factor", 2,
+        model_with_dictionary("transformer_rope_tiny", "--rope-scaling", "dynamic-ntk", "--rope-scaling-factor", 2,
                     "--rope-scaling-original-length", L)
 
 
 def test_the_recorded_training_length_sets_L_and_the_flag_wins():
-    _, _, args = build_model("transformer_rope_tiny")
+    _, _, args = model_with_dictionary("transformer_rope_tiny")
     args.rope_trained_length, args.rope_scaling = 12, "dynamic-yarn"
-    model, _, _ = build_model("transformer_rope_tiny")
+    model, _, _ = model_with_dictionary("transformer_rope_tiny")
     rotary = type(model).attention_factory(args).rotary_embedding(64, 2)
     assert rotary.original_length == 12
     args.rope_scaling_original_length = 30

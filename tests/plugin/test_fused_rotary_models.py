@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 from test_dynamic_scaling import batch as sources_of_lengths
 from test_rotary_attention import random_batch
 
@@ -47,7 +47,7 @@ def forward_and_backward(model, src, lengths, prev, seed=0):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_training_step_with_the_kernel_equals_the_reference(kernel_launches, variant):
     flags = VARIANTS[variant]
-    model, d, _ = build_model("transformer_rope_tiny", *flags)
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *flags)
     model.train()
     if variant == "dynamic-yarn":  # two sentences longer than L = 8: per-sentence factors s > 1
         src, lengths, prev = sources_of_lengths(d, [5, 11, 9], target_length=4)
@@ -80,7 +80,7 @@ def test_beam_search_with_the_kernel_gives_the_reference_hypotheses(kernel_launc
     reorders: the same hypotheses, scores equal to rounding."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    model, d, _ = build_model("transformer_rope_tiny", *VARIANTS[variant])
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *VARIANTS[variant])
     model.eval()
     if variant == "dynamic-yarn":
         src, lengths, _ = sources_of_lengths(d, [5, 10])

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 from test_rotary_attention import random_batch
 
 from fairseq_rope.config_values import OptionError
@@ -61,8 +61,8 @@ def test_the_sample_is_uniform_over_the_range_and_its_gaps_vary():
 
 def model_pair(*flags):
     """A plain RoPE model and one with ``flags``, with the same weights and no dropout."""
-    plain, d, _ = build_model("transformer_rope_tiny", "--dropout", "0", seed=3)
-    other, _, args = build_model("transformer_rope_tiny", "--dropout", "0", *flags, seed=3)
+    plain, d, _ = model_with_dictionary("transformer_rope_tiny", "--dropout", "0", seed=3)
+    other, _, args = model_with_dictionary("transformer_rope_tiny", "--dropout", "0", *flags, seed=3)
     other.load_state_dict(plain.state_dict())
     return plain, other, d
 
@@ -71,9 +71,9 @@ def test_the_option_is_checked_when_the_command_line_is_parsed():
     _, model, _ = model_pair("--rope-random-positions", "4")
     assert model.random_positions_range == 4.0
     with pytest.raises(OptionError, match="--rope-random-positions must be a finite number R >= 1"):
-        build_model("transformer_rope_tiny", "--rope-random-positions", "0.5")
+        model_with_dictionary("transformer_rope_tiny", "--rope-random-positions", "0.5")
     with pytest.raises(OptionError, match="applies to softmax attention"):
-        build_model("transformer_rope_tiny", "--rope-random-positions", "4", "--attention-kind", "linear")
+        model_with_dictionary("transformer_rope_tiny", "--rope-random-positions", "4", "--attention-kind", "linear")
 
 
 def test_inference_is_unchanged_in_eval_mode_and_beam_search():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from support.commands import run_cli
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
 from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, rope_frequencies
@@ -31,8 +31,8 @@ def test_factor_one_is_no_scaling(scaling):
 
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
 def test_factor_one_model_equals_unscaled_model(scaling):
-    plain, d, _ = build_model("transformer_rope_tiny", "--rope-values")
-    scaled, _, _ = build_model("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
+    plain, d, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values")
+    scaled, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
                                "--rope-scaling-factor", "1", "--rope-scaling-original-length", "8")
     assert plain.state_dict().keys() == scaled.state_dict().keys()
     scaled.load_state_dict(plain.state_dict())
@@ -42,7 +42,7 @@ def test_factor_one_model_equals_unscaled_model(scaling):
     lengths = torch.full((2,), 40)
     with torch.no_grad():
         torch.testing.assert_close(scaled(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0)
-        stretched, _, _ = build_model("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
+        stretched, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
                                       "--rope-scaling-factor", "4", "--rope-scaling-original-length", "8")
         stretched.load_state_dict(plain.state_dict())
         stretched.eval()
@@ -83,7 +83,7 @@ def test_yarn_scaling_by_parts_and_temperature():
 
 def test_checkpoint_args_without_new_flags_get_defaults():
     """A checkpoint saved before these flags existed still builds (build_model fills defaults)."""
-    model, dictionary, args = build_model("transformer_rope_tiny")
+    model, dictionary, args = model_with_dictionary("transformer_rope_tiny")
     for name in ("rope_values", "attention_kind", "rope_scaling", "rope_scaling_factor",
                  "rope_scaling_original_length"):
         delattr(args, name)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from support.models import build_model, rotate, table_cos_sin
+from support.models import model_with_dictionary, rotate, table_cos_sin
 
 from fairseq_rope.modules import RotaryMultiheadAttention
 from fairseq_rope.modules.rotary import LAYOUTS, RotateInPlace, apply_rotary, interleaved_to_half_permutation
@@ -34,7 +34,7 @@ def random_batch(dictionary, bsz=3, src_len=7, tgt_len=6, seed=1, left_pad=True)
 
 @pytest.mark.parametrize("extra", CROSS, ids=CROSS_IDS)
 def test_incremental_decoding_equals_full_forward(extra):
-    model, d, _ = build_model("transformer_rope_tiny", *extra)
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *extra)
     model.eval()
     src, lengths, prev = random_batch(d)
     with torch.no_grad():
@@ -50,7 +50,7 @@ def test_incremental_decoding_equals_full_forward(extra):
 @pytest.mark.parametrize("beam", [1, 2])
 @pytest.mark.parametrize("extra", CROSS, ids=CROSS_IDS)
 def test_reorder_then_continue_equals_full_forward_of_reordered_prefixes(extra, beam):
-    model, d, _ = build_model("transformer_rope_tiny", *extra)
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *extra)
     model.eval()
     sentences, total = 2, 6
     src, lengths, _ = random_batch(d, bsz=sentences)
@@ -89,7 +89,7 @@ def test_beam_search_scores_equal_full_forward_rescoring(extra):
     every hypothesis' per-token scores equal a teacher-forced full forward pass."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    model, d, _ = build_model("transformer_rope_tiny", *extra)
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *extra)
     model.eval()
     src, lengths, _ = random_batch(d, bsz=3, src_len=8)
     generator = SequenceGenerator([model], d, beam_size=4, max_len_b=10, len_penalty=0.6)
@@ -108,7 +108,7 @@ def test_beam_search_scores_equal_full_forward_rescoring(extra):
 
 @pytest.mark.parametrize("extra", CROSS, ids=CROSS_IDS)
 def test_left_padding_does_not_change_outputs(extra):
-    model, d, _ = build_model("transformer_rope_tiny", *extra)
+    model, d, _ = model_with_dictionary("transformer_rope_tiny", *extra)
     model.eval()
     src, lengths, prev = random_batch(d, bsz=3, src_len=9)
     with torch.no_grad():
@@ -126,7 +126,7 @@ def test_left_padding_does_not_change_outputs(extra):
 def test_encoder_is_relative_only():
     """Without absolute positions, encoding is unchanged when the whole sentence is shifted:
     extra left padding shifts every position if positions were counted over the padded row."""
-    model, d, _ = build_model("transformer_rope_tiny")
+    model, d, _ = model_with_dictionary("transformer_rope_tiny")
     model.eval()
     attn = model.encoder.layers[0].self_attn
     x = torch.randn(6, 1, attn.embed_dim)
@@ -247,7 +247,7 @@ def test_interleaved_model_equals_half_model_after_permuting_projection_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_angles_stay_fp32_accurate_in_half_precision_models(dtype):
-    model, _, _ = build_model("transformer_rope_tiny")
+    model, _, _ = model_with_dictionary("transformer_rope_tiny")
     model = model.to(dtype)
     attn = model.decoder.layers[0].self_attn
     position = torch.tensor([8189, 8190, 8191, 8192])
@@ -287,8 +287,8 @@ def test_cos_sin_table_follows_device_and_length():
 
 
 def test_state_dict_keys_equal_stock_transformer():
-    rope, _, _ = build_model("transformer_rope_tiny")
-    stock, _, _ = build_model("transformer_tiny", "--no-token-positional-embeddings")
+    rope, _, _ = model_with_dictionary("transformer_rope_tiny")
+    stock, _, _ = model_with_dictionary("transformer_tiny", "--no-token-positional-embeddings")
     rope_keys, stock_keys = rope.state_dict().keys(), stock.state_dict().keys()
     assert list(rope_keys) == list(stock_keys)
     for key in rope_keys:
@@ -319,14 +319,14 @@ def test_architectures_dimensions():
 
 
 def test_flags_reach_every_attention():
-    model, _, _ = build_model("transformer_rope_tiny", "--rope-theta", "500", "--rope-fraction", "0.5",
+    model, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-theta", "500", "--rope-fraction", "0.5",
                               "--rope-layout", "half", "--rope-cross-attention")
     layers = list(model.encoder.layers) + list(model.decoder.layers)
     attentions = [layer.self_attn for layer in layers] + [layer.encoder_attn for layer in model.decoder.layers]
     for attn in attentions:
         assert isinstance(attn, RotaryMultiheadAttention)
         assert (attn.rotary.theta, attn.rotary.rotary_dim, attn.rotary.layout) == (500.0, 16, "half")
-    plain, _, _ = build_model("transformer_rope_tiny")
+    plain, _, _ = model_with_dictionary("transformer_rope_tiny")
     assert not isinstance(plain.decoder.layers[0].encoder_attn, RotaryMultiheadAttention)
 
 
@@ -339,11 +339,11 @@ def test_flags_reach_every_attention():
 ])
 def test_bad_flags_fail_at_build_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):
-        build_model("transformer_rope_tiny", *flags)
+        model_with_dictionary("transformer_rope_tiny", *flags)
 
 
 def test_unknown_layout_is_refused():
     with pytest.raises(SystemExit):  # argparse choices
-        build_model("transformer_rope_tiny", "--rope-layout", "spiral")
+        model_with_dictionary("transformer_rope_tiny", "--rope-layout", "spiral")
     with pytest.raises(ValueError, match="--rope-layout"):
         RotaryMultiheadAttention(16, 2, self_attention=True, rope_layout="spiral")

@@ -5,7 +5,7 @@ training sequences do not exceed, the longest length for checkpoints without cou
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope.config_values import OptionError
 from fairseq_rope.model_options import check_model_overrides
@@ -23,7 +23,7 @@ def test_the_covering_length_of_counts():
 
 
 def test_L_is_the_covering_length_else_the_longest_and_the_flag_wins():
-    _, _, args = build_model("transformer_rope_tiny")
+    _, _, args = model_with_dictionary("transformer_rope_tiny")
     assert training_length(args) == 0
     args.rope_trained_length = 6
     assert training_length(args) == 6  # a checkpoint saved before the counts were recorded
@@ -45,7 +45,7 @@ def right_padded(dictionary, lengths, width):
 
 
 def test_training_counts_the_non_pad_length_of_every_source_and_target():
-    model, d, args = build_model("transformer_rope_tiny")
+    model, d, args = model_with_dictionary("transformer_rope_tiny")
     model.train()
     model(left_padded(d, [5, 9], 9), torch.tensor([5, 9]), right_padded(d, [7, 3], 7))
     model(left_padded(d, [4], 4), torch.tensor([4]), right_padded(d, [11], 11))
@@ -80,5 +80,5 @@ def test_the_record_is_not_an_option_to_override():
 
 def test_the_L_a_scaled_model_uses_is_logged(caplog):
     with caplog.at_level("INFO", logger="fairseq_rope.models.transformer_rope"):
-        build_model("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", 7)
+        model_with_dictionary("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn", "--rope-scaling-original-length", 7)
     assert "--rope-scaling dynamic-yarn: L = 7 tokens (--rope-scaling-original-length)" in caplog.text

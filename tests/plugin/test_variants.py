@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope.modules import (
     LinearRotaryAttention,
@@ -35,7 +35,7 @@ ATOL = 2e-5
 
 def make(name):
     arch, extra = VARIANTS[name]
-    model, dictionary, _ = build_model(arch, *extra, "--dropout", "0.1")
+    model, dictionary, _ = model_with_dictionary(arch, *extra, "--dropout", "0.1")
     model.eval()
     return model, dictionary
 
@@ -291,7 +291,7 @@ def test_linear_decoder_state_is_constant_size():
 )
 def test_bad_flags_raise_naming_the_flag(arch, extra, flag):
     with pytest.raises(ValueError, match=flag):
-        build_model(arch, *extra)
+        model_with_dictionary(arch, *extra)
 
 
 def test_state_dict_keys():

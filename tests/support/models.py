@@ -1,7 +1,7 @@
 """Models built in-process as fairseq-train builds them, and the rotation seen from outside."""
 
 
-def build_model(arch="transformer_rope_tiny", *extra_args, vocab_size=30, seed=0):
+def model_with_dictionary(arch="transformer_rope_tiny", *extra_args, vocab_size=30, seed=0):
     """``(model, dictionary, args)``: built in-process exactly as fairseq-train would, from
     command-line style args, with ``vocab_size`` symbols besides fairseq's special ones."""
     from fairseq.data import Dictionary

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope.modules import rope_scaling
 from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, ScalingSpec
@@ -35,7 +35,7 @@ def test_every_kind_is_either_expressed_or_refused_by_the_exporters_table():
 
 def exported_spec(*flags):
     """(model in eval mode, the TransformerSpec fairseq-rope-export builds from it, its args)."""
-    model, dictionary, args = build_model("transformer_rope_tiny", *flags)
+    model, dictionary, args = model_with_dictionary("transformer_rope_tiny", *flags)
     model.eval()
     with torch.no_grad():
         spec = ctranslate2_spec.build_spec(args, model, SimpleNamespace(source_dictionary=dictionary,

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from support.commands import run_cli, run_cli_streaming
-from support.models import build_model
+from support.models import model_with_dictionary
 
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy import checkpoint_export as exporter
@@ -159,7 +159,7 @@ def test_int8_export_is_smaller_and_still_translates(trained, tmp_path):
     ("transformer_tiny", ["--activation-fn", "tanh"], "--activation-fn tanh"),
 ])
 def test_what_the_engine_cannot_compute_is_refused(arch, flags, named):
-    _, _, args = build_model(arch, *flags)
+    _, _, args = model_with_dictionary(arch, *flags)
     with pytest.raises(UserError, match=re.escape(named)):
         ctranslate2_spec.check_exportable(args)
 
