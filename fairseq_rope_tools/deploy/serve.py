@@ -91,8 +91,9 @@ def parse_args(argv):
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="sentences decoded together, from one request or several (64, as fairseq-rope-translate's "
                         "--batch-size)")
-    p.add_argument("--max-batch-wait", type=float, default=0.005, metavar="SECONDS",
-                   help="how long a batch waits for more requests once its first has come (0.005)")
+    p.add_argument("--max-batch-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="how long a batch waits for more requests once its first has come (0: none; those "
+                        "that come while a batch decodes form the next)")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="sentences that may wait for a batch; a request beyond is answered 503 (1024)")
     p.add_argument("--max-lines", type=int, help="sentences in one request (256, or --max-queue if smaller)")
@@ -358,9 +359,10 @@ class Server:
             batcher_task = asyncio.ensure_future(self.service.batcher.run())
             await asyncio.sleep(0)  # the batcher's loop runs before the first request comes
             self.service.ready = True
+            wait = f"at most {args.max_batch_wait * 1000:g} ms after their first" if args.max_batch_wait else "at once"
             say(f"ready: --model-dir {args.model_dir} (ctranslate2 on {args.device}, {args.threads} thread"
                 f"{'s' if args.threads != 1 else ''}, beam {args.beam}); batches of at most {args.max_batch_size} "
-                f"sentences, waiting at most {args.max_batch_wait * 1000:g} ms")
+                f"sentences, leaving {wait}")
             await stopped
         self.stopping = True
         listener.close()  # no new connections
