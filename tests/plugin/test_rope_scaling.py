@@ -5,12 +5,13 @@ import math
 
 import pytest
 import torch
-from support.commands import run_cli
+from support.commands import fairseq_generate_in_process, run_cli
 from support.models import model_with_dictionary
 
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
 from fairseq_rope.modules.rope_scaling import ROPE_SCALINGS, rope_frequencies
 from fairseq_rope.modules.rotary import inverse_frequencies, rotation_angles
+from fairseq_rope_tools.cli import plugin_dir
 
 
 def scaled_inverse_frequencies(rotary_dim, theta, scaling, factor, original_length=0, dtype=None):
@@ -107,19 +108,22 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
         "--num-workers", "0", "--log-format", "simple",
     ])
 
-    def generate(overrides, checkpoint="checkpoint_last.pt"):
-        args = ["fairseq-generate", data, "--user-dir", "fairseq_rope", "--path", save / checkpoint,
+    def generate(overrides, checkpoint="checkpoint_last.pt", command=False):
+        """The hypotheses; decoded by the command itself (``command``) or its main in this process."""
+        args = [data, "--user-dir", plugin_dir(), "--path", save / checkpoint,
                 "--beam", "2", "--batch-size", "20", "--gen-subset", "test", "--num-workers", "0"]
         if overrides:
             args += ["--model-overrides", overrides]
-        out = run_cli(args).stdout
+        out = run_cli(["fairseq-generate", *args]).stdout if command else fairseq_generate_in_process(args)
         return sorted(line for line in out.splitlines() if line.startswith("H-"))
 
     n_test = len((tiny_data_bin / "test.en").read_text().splitlines())
     plain = generate(None)
     assert len(plain) == n_test
+    yarn_override = "{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, 'rope_scaling_original_length': 4}"
+    assert generate(yarn_override, command=True) == generate(yarn_override)  # the command is its main
     assert generate("{'rope_scaling': 'ntk', 'rope_scaling_factor': 1.0}") == plain
-    yarn = generate("{'rope_scaling': 'yarn', 'rope_scaling_factor': 4.0, 'rope_scaling_original_length': 4}")
+    yarn = generate(yarn_override)
     assert len(yarn) == n_test and yarn != plain
 
     # training recorded L, from the lengths of its sources and targets (2 to 10 words and EOS): no flag needed

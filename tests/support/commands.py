@@ -1,6 +1,8 @@
 """Running the project's commands from the tests as a user runs them (only from tests marked
 e2e), the checkout's paths, and the badly named directory every test works under."""
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -88,3 +90,31 @@ def translate_in_process(capsys, *args):
     except SystemExit as e:
         status = e.code
     return status, capsys.readouterr().err.strip().splitlines()
+
+
+def fairseq_generate_in_process(args) -> str:
+    """fairseq-generate's standard output for ``args`` (its command line after the program name,
+    with ``--user-dir`` an absolute path), run by fairseq_cli.generate's own main in this process:
+    the command's code without a new interpreter's start (torch's and fairseq's imports). For tests
+    that decode one trained model many ways; each such test runs the command itself at least once."""
+    import torch
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import generate
+
+    args = [str(a) for a in args]
+    if "--num-workers" not in args:  # no data-loading processes forked from this one, which has threads
+        args += ["--num-workers", "0"]
+    parsed = options.parse_args_and_arch(options.get_generation_parser(), args)
+    threads, environment = torch.get_num_threads(), dict(os.environ)
+    torch.set_num_threads(1)  # as run_cli's OMP_NUM_THREADS=1
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            generate.main(convert_namespace_to_omegaconf(parsed))
+    finally:
+        torch.set_num_threads(threads)
+        # fairseq sets PYTHONWARNINGS for data-loading workers: every later subprocess of this
+        # test process would inherit it (and print the warnings the plugin filters)
+        os.environ.clear()
+        os.environ.update(environment)
+    return out.getvalue()

@@ -8,10 +8,10 @@ import math
 import re
 
 import pytest
-from support.commands import run_cli, run_cli_streaming
+from support.commands import fairseq_generate_in_process, run_cli, run_cli_streaming
 from support.models import model_with_dictionary
 
-from fairseq_rope_tools.cli import UserError
+from fairseq_rope_tools.cli import UserError, plugin_dir
 from fairseq_rope_tools.deploy import checkpoint_export as exporter
 from fairseq_rope_tools.deploy import ctranslate2_spec
 from fairseq_rope_tools.deploy.exported import EXPORT_INFO
@@ -44,13 +44,15 @@ def trained(tiny_data_bin, tmp_path_factory):
     return data_bin, checkpoints
 
 
-def fairseq_generate(data_bin, checkpoint, beam, *extra):
+def fairseq_generate(data_bin, checkpoint, beam, *extra, command=False):
     """{sentence id: (source, hypothesis, reference, log-probabilities)} as fairseq-generate prints
     them: tokens, and the natural log-probability of each hypothesis token and its </s> (printed in
-    base 2, to 4 decimals)."""
-    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", "fairseq_rope", "--path", checkpoint, "--cpu",
-                    "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra])
-    lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", proc.stdout, re.M)}
+    base 2, to 4 decimals). Decoded by the command itself (``command``) or by its main in this
+    process (the same code, without an interpreter's start)."""
+    args = [data_bin, "--user-dir", plugin_dir(), "--path", checkpoint, "--cpu",
+            "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra]
+    out = run_cli(["fairseq-generate", *args]).stdout if command else fairseq_generate_in_process(args)
+    lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", out, re.M)}
              for kind in "SHTP"}
     assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys() == lines["P"].keys()
     return {i: (lines["S"][i], lines["H"][i], lines["T"][i], [float(p) * math.log(2) for p in lines["P"][i]])
@@ -63,11 +65,12 @@ def ct2_translate(model_dir, sources, beam):
     return [r.hypotheses[0] for r in results]
 
 
-def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra):
-    """Share of identical hypotheses, and corpus BLEU of each engine against the references."""
+def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra, command=False):
+    """Share of identical hypotheses, and corpus BLEU of each engine against the references
+    (``command``: fairseq-generate run as a command, not in-process)."""
     from sacrebleu.metrics import BLEU
 
-    fairseq = fairseq_generate(data_bin, checkpoint, beam, *generate_extra)
+    fairseq = fairseq_generate(data_bin, checkpoint, beam, *generate_extra, command=command)
     ids = sorted(fairseq)
     ct2 = ct2_translate(model_dir, [fairseq[i][0] for i in ids], beam)
     same = sum(fairseq[i][1] == hyp for i, hyp in zip(ids, ct2)) / len(ids)
@@ -82,7 +85,7 @@ def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra):
 def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name):
     data_bin, checkpoints = trained
     out = tmp_path / "ct2"
-    if name == "rope":  # the command line once; the other models in-process (a second faster)
+    if name == "rope":  # the command lines once; the other models in-process (seconds faster)
         run_cli([EXPORT, "--checkpoint", checkpoints[name], "--data-bin", data_bin, "--output-dir", out])
     else:
         exporter.export(str(checkpoints[name]), str(data_bin), str(out))
@@ -90,7 +93,7 @@ def test_exported_model_translates_like_fairseq_generate(trained, tmp_path, name
     assert info["checkpoint"] == str(checkpoints[name].resolve()) and info["quantization"] == "none"
     same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 1)
     assert same == 1.0  # greedy: token for token on every sentence
-    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 4)
+    same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints[name], out, 4, command=name == "rope")
     assert same >= 0.98 and abs(fairseq_bleu - ct2_bleu) <= 0.1, (same, fairseq_bleu, ct2_bleu)
     assert fairseq_bleu > 20  # a model that learned the task: a wrong rotation cannot go unseen
 
