@@ -22,7 +22,7 @@ def models(scaling, *flags, original_length=L):
     """The same weights without scaling and with ``scaling`` (L = ``original_length``), in eval mode."""
     plain, dictionary, _ = model_with_dictionary("transformer_rope_tiny", *flags)
     scaled, _, _ = model_with_dictionary("transformer_rope_tiny", *flags, "--rope-scaling", scaling,
-                               "--rope-scaling-original-length", original_length)
+                                         "--rope-scaling-original-length", original_length)
     assert scaled.state_dict().keys() == plain.state_dict().keys()
     scaled.load_state_dict(plain.state_dict())
     return plain.eval(), scaled.eval(), dictionary
@@ -79,7 +79,7 @@ def test_a_long_sentence_is_scaled_by_its_length_over_L(scaling, static):
     """Alone, a sentence of n > L tokens runs exactly as the static scaling with s = n / L."""
     _, scaled, d = models(scaling)
     fixed, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-scaling", static, "--rope-scaling-factor", 2.5,
-                              "--rope-scaling-original-length", L)
+                                        "--rope-scaling-original-length", L)
     fixed.load_state_dict(scaled.state_dict())
     fixed.eval()
     long = batch(d, [20])
@@ -152,7 +152,7 @@ def test_dynamic_scaling_without_a_training_length_names_the_flag():
         model_with_dictionary("transformer_rope_tiny", "--rope-scaling", "dynamic-yarn")
     with pytest.raises(OptionError, match="--rope-scaling-factor 2 has no effect with --rope-scaling dynamic-ntk"):
         model_with_dictionary("transformer_rope_tiny", "--rope-scaling", "dynamic-ntk", "--rope-scaling-factor", 2,
-                    "--rope-scaling-original-length", L)
+                              "--rope-scaling-original-length", L)
 
 
 def test_the_recorded_training_length_sets_L_and_the_flag_wins():

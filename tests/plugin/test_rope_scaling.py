@@ -34,7 +34,7 @@ def test_factor_one_is_no_scaling(scaling):
 def test_factor_one_model_equals_unscaled_model(scaling):
     plain, d, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values")
     scaled, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
-                               "--rope-scaling-factor", "1", "--rope-scaling-original-length", "8")
+                                         "--rope-scaling-factor", "1", "--rope-scaling-original-length", "8")
     assert plain.state_dict().keys() == scaled.state_dict().keys()
     scaled.load_state_dict(plain.state_dict())
     plain.eval(), scaled.eval()
@@ -44,7 +44,7 @@ def test_factor_one_model_equals_unscaled_model(scaling):
     with torch.no_grad():
         torch.testing.assert_close(scaled(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=0, rtol=0)
         stretched, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-values", "--rope-scaling", scaling,
-                                      "--rope-scaling-factor", "4", "--rope-scaling-original-length", "8")
+                                                "--rope-scaling-factor", "4", "--rope-scaling-original-length", "8")
         stretched.load_state_dict(plain.state_dict())
         stretched.eval()
         assert not torch.allclose(stretched(src, lengths, prev)[0], plain(src, lengths, prev)[0], atol=1e-3)

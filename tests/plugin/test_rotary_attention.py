@@ -320,7 +320,7 @@ def test_architectures_dimensions():
 
 def test_flags_reach_every_attention():
     model, _, _ = model_with_dictionary("transformer_rope_tiny", "--rope-theta", "500", "--rope-fraction", "0.5",
-                              "--rope-layout", "half", "--rope-cross-attention")
+                                        "--rope-layout", "half", "--rope-cross-attention")
     layers = list(model.encoder.layers) + list(model.decoder.layers)
     attentions = [layer.self_attn for layer in layers] + [layer.encoder_attn for layer in model.decoder.layers]
     for attn in attentions:
