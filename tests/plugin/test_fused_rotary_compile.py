@@ -14,7 +14,8 @@ launch itself uses) gives them:
   (head_dim == BLOCK_D, nothing masked) and at its smallest (the smallest head_dim of the tile
   with 2 channels rotated: the most masked), so that each target and layout meets both.
 
-72 compilations of 0.15-0.4 s; two processes compile them. They write to a fresh cache directory, so nothing is reused.
+72 compilations of 0.15-0.4 s; two processes compile them. They write to a fresh cache directory,
+so nothing is reused.
 """
 
 import argparse
@@ -168,10 +169,9 @@ def test_the_variants_cover_every_tile_and_argument():
     for target, layout in itertools.product(TARGETS, LAYOUTS):
         group = [c | {"dtype": d} for t, d, c in variants
                  if t == target and c["INTERLEAVED"] == (layout == "interleaved")]
-        for pair in (("dtype", "SIGN"), ("dtype", "BLOCK_H"), ("SIGN", "BLOCK_H")):
-            every_pair = {tuple(argument[["dtype", "SIGN", "BLOCK_H"].index(name)] for name in pair)
-                          for argument in every_argument}
-            assert {tuple(c[name] for name in pair) for c in group} == every_pair, (target, layout, pair)
+        arguments = {(c["dtype"], c["SIGN"], c["BLOCK_H"]) for c in group}
+        for i, j in itertools.combinations(range(3), 2):  # (dtype, SIGN), (dtype, BLOCK_H), (SIGN, BLOCK_H)
+            assert {(a[i], a[j]) for a in arguments} == {(a[i], a[j]) for a in every_argument}, (target, layout, i, j)
         # every tile unmasked (rotary_dim == head_dim == BLOCK_D) and with its fewest channels
         assert {c["BLOCK_D"] for c in group if 2 * c["HALF"] == c["BLOCK_D"]} == blocks_d, (target, layout)
         assert {c["BLOCK_D"] for c in group if c["HALF"] == 1} == blocks_d, (target, layout)

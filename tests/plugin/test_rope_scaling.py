@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from support.commands import fairseq_generate_in_process, run_cli
+from support.commands import fairseq_generate_stdout, run_cli
 from support.models import model_with_dictionary
 
 from fairseq_rope.models.transformer_rope import TransformerRopeModel
@@ -114,8 +114,7 @@ def test_scaling_at_generate_time_through_model_overrides(tiny_data_bin, tmp_pat
                 "--beam", "2", "--batch-size", "20", "--gen-subset", "test", "--num-workers", "0"]
         if overrides:
             args += ["--model-overrides", overrides]
-        out = run_cli(["fairseq-generate", *args]).stdout if command else fairseq_generate_in_process(args)
-        return sorted(line for line in out.splitlines() if line.startswith("H-"))
+        return sorted(line for line in fairseq_generate_stdout(args, command).splitlines() if line.startswith("H-"))
 
     n_test = len((tiny_data_bin / "test.en").read_text().splitlines())
     plain = generate(None)

@@ -92,11 +92,14 @@ def translate_in_process(capsys, *args):
     return status, capsys.readouterr().err.strip().splitlines()
 
 
-def fairseq_generate_in_process(args) -> str:
+def fairseq_generate_stdout(args, command=False) -> str:
     """fairseq-generate's standard output for ``args`` (its command line after the program name,
-    with ``--user-dir`` an absolute path), run by fairseq_cli.generate's own main in this process:
-    the command's code without a new interpreter's start (torch's and fairseq's imports). For tests
-    that decode one trained model many ways; each such test runs the command itself at least once."""
+    with ``--user-dir`` an absolute path): run as a command (``command``), or by fairseq_cli.generate's
+    own main in this process -- the command's code without a new interpreter's start (torch's and
+    fairseq's imports). For tests that decode one trained model many ways; each such test runs the
+    command itself at least once."""
+    if command:
+        return run_cli(["fairseq-generate", *args]).stdout
     import torch
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf

@@ -8,7 +8,7 @@ import math
 import re
 
 import pytest
-from support.commands import fairseq_generate_in_process, run_cli, run_cli_streaming
+from support.commands import fairseq_generate_stdout, run_cli, run_cli_streaming
 from support.models import model_with_dictionary
 
 from fairseq_rope_tools.cli import UserError, plugin_dir
@@ -51,7 +51,7 @@ def fairseq_generate(data_bin, checkpoint, beam, *extra, command=False):
     process (the same code, without an interpreter's start)."""
     args = [data_bin, "--user-dir", plugin_dir(), "--path", checkpoint, "--cpu",
             "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra]
-    out = run_cli(["fairseq-generate", *args]).stdout if command else fairseq_generate_in_process(args)
+    out = fairseq_generate_stdout(args, command)
     lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", out, re.M)}
              for kind in "SHTP"}
     assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys() == lines["P"].keys()
