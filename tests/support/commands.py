@@ -10,6 +10,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from support.warm_start import warm_run
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SCRIPTS = Path(__file__).resolve().parent  # the helper scripts the tests start: ddp_worker.py ...
@@ -48,9 +50,12 @@ def cli_command(args, env):
 
 
 def run_cli(args, cwd=REPO, timeout=600, env=None, check=True):
-    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess."""
+    """Run a console script (``fairseq-train`` ...) or command; return CompletedProcess. One that
+    loads torch starts from a warm interpreter where it would start alike (warm_start.py)."""
     cmd, full_env = cli_command(args, env)
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = warm_run(cmd, full_env, cwd, timeout)
+    if proc is None:
+        proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}"
