@@ -93,10 +93,9 @@ while True:
         sys.exit(0)
     for fd in fds:
         os.close(fd)
-    connection.sendall(pickle.dumps(pid) + b"\n")
+    connection.sendall(pid.to_bytes(8, "big"))
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    connection.sendall(pickle.dumps(code))
+    connection.sendall(os.waitstatus_to_exitcode(status).to_bytes(8, "big", signed=True))
     connection.close()
     os._exit(0)
 '''
@@ -150,7 +149,10 @@ class WarmStarter:
             for fd in (null, out_write, err_write):
                 os.close(fd)
         replies = connection.makefile("rb")
-        pid = pickle.loads(replies.readline())
+        started = replies.read(8)
+        if len(started) != 8:  # never kill(0): that would be this process' group
+            raise RuntimeError(f"the warm interpreter did not start {argv[0]} (its log: {self.log.name})")
+        pid = int.from_bytes(started, "big")
         outputs = {}
 
         def drain(name, fd):
@@ -173,7 +175,10 @@ class WarmStarter:
         timer = threading.Timer(timeout, kill)
         timer.start()
         try:
-            code: int = pickle.load(replies)
+            ended = replies.read(8)
+            if len(ended) != 8:
+                raise RuntimeError(f"the warm interpreter lost {argv[0]} (its log: {self.log.name})")
+            code = int.from_bytes(ended, "big", signed=True)
         finally:
             timer.cancel()
             for reader in readers:
