@@ -24,8 +24,10 @@ def one_line_excepthook(excepthook):
         sys.stdout.flush()
         sys.stderr.write(f"{os.path.basename(sys.argv[0] or 'python')}: error: {exc}\n")
         sys.stderr.flush()
-        atexit._run_exitfuncs()  # what an exit runs (e.g. removing the save dir's lock file)
-        os._exit(exc.status)  # the interpreter would exit with 1 after an uncaught exception
+        # the interpreter would exit with 1 after an uncaught exception, and no public call changes
+        # that from here: the exit handlers (e.g. removing the save dir's lock file) run first
+        atexit._run_exitfuncs()
+        os._exit(exc.status)
 
     return print_one_line_errors
 
