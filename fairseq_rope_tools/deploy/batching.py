@@ -15,6 +15,24 @@ from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, decod
 from fairseq_rope_tools.text_lines import OverlongLine
 
 TOO_LONG_POLICIES = ("refuse", "skip", "truncate")
+#: --too-long's choices: a policy, or split into sentences (paragraphs.py; each policy then applies
+#: to a sentence still too long)
+TOO_LONG_CHOICES = (*TOO_LONG_POLICIES, "split")
+
+
+def add_too_long_arguments(p, choices=TOO_LONG_CHOICES, default="refuse", sentence_choices=TOO_LONG_POLICIES):
+    """--too-long and --too-long-sentence, as fairseq-rope-translate and fairseq-rope-serve take them."""
+    meaning = {"refuse": "refuse it" + (", stopping" if "truncate" in choices else " (413)"),
+               "skip": "skip it (an empty translation)", "truncate": "truncate it to fit",
+               "split": "split it into sentences, translated one by one and joined back into one"}
+    p.add_argument("--too-long", choices=choices, default=default,
+                   help="a text beyond the model's source positions: "
+                        + "; ".join(f"{meaning[c]}{' (default)' if c == default else ''}" for c in choices)
+                        + ". Counted on stderr or in /metrics")
+    meaning["skip"] = "leave it out of the joined translation"
+    p.add_argument("--too-long-sentence", choices=sentence_choices, default="refuse",
+                   help="with --too-long split, a sentence still beyond them: "
+                        + "; ".join(f"{meaning[c]}{' (default)' if c == 'refuse' else ''}" for c in sentence_choices))
 
 
 #: the most characters one source token of a model is taken to hold: a BPE token (subword-nmt or
@@ -35,20 +53,25 @@ class LengthLimit:
     must fit in ``limit`` positions) is refused (UserError, status 1: a 24k-token line would
     otherwise take minutes and gigabytes, or be killed for memory without a word), skipped (no
     translation: an empty output line) or truncated to its first ``limit - 1`` tokens. The lines
-    skipped or truncated are counted, for :meth:`report`. ``limit`` None: no limit is known."""
+    skipped or truncated are counted, for :meth:`report`. ``limit`` None: no limit is known.
+    ``split``: the sources are the sentences of lines split by ``--too-long split``."""
 
-    def __init__(self, limit: Optional[int], policy: str, path):
-        self.limit, self.policy, self.path = limit, policy, path
+    def __init__(self, limit: Optional[int], policy: str, path, split=False):
+        self.limit, self.policy, self.path, self.split = limit, policy, path, split
         self.lines, self.first = 0, None
 
     def apply(self, number: int, tokens: List[str]) -> Optional[List[str]]:
         """The source of input line ``number`` as it is translated; None when it is skipped."""
         if fits(tokens, self.limit):
             return tokens
+        if self.policy == "refuse" and self.split:
+            raise UserError(f"{self.path}: line {number} has a sentence of {len(tokens)} BPE tokens; the model takes "
+                            f"at most {self.limit - 1}: split it, or pass --too-long-sentence skip or truncate",
+                            status=1)
         if self.policy == "refuse":
             raise UserError(f"{self.path}: line {number} has {len(tokens)} BPE tokens; the model takes at most "
                             f"{self.limit - 1}: split the line, raise the limit with --max-source-positions, or "
-                            "pass --too-long skip or truncate", status=1)
+                            "pass --too-long split, skip or truncate", status=1)
         self._count(number)
         return None if self.policy == "skip" else tokens[:self.limit - 1]
 
@@ -58,8 +81,8 @@ class LengthLimit:
         (``segment``: raw text -> tokens; the last word, perhaps cut, left out)."""
         if self.policy == "refuse":
             raise UserError(f"{self.path}: line {number} is {line.length} bytes long, more than the model's "
-                            f"{self.limit - 1} BPE tokens can hold: split the line, or pass --too-long skip or "
-                            "truncate", status=1)
+                            f"{self.limit - 1} BPE tokens can hold: split the line, or pass --too-long "
+                            f"{'split with --too-long-sentence ' if self.split else ''}skip or truncate", status=1)
         self._count(number)
         if self.policy == "skip":
             return None
@@ -77,8 +100,9 @@ class LengthLimit:
             return None
         done = ("skipped: their translations are empty" if self.policy == "skip"
                 else f"truncated to their first {self.limit - 1} tokens")
-        return (f"{self.path}: {self.lines} line{'s' if self.lines != 1 else ''} longer than the model takes "
-                f"({self.limit - 1} BPE tokens) {done} (first: line {self.first})")
+        unit = ("sentence" if self.split else "line") + ("s" if self.lines != 1 else "")
+        return (f"{self.path}: {self.lines} {unit}{' of split lines' if self.split else ''} longer than the model "
+                f"takes ({self.limit - 1} BPE tokens) {done} (first: line {self.first})")
 
     def stats(self) -> dict:
         return {"policy": self.policy, "limit": self.limit, "lines": self.lines, "first_line": self.first}

@@ -278,3 +278,12 @@ def check_vocabulary(setup: ModelSetup) -> None:
             if problem:
                 raise UserError(f"--model-dir {setup.model_dir} was not exported with the dictionary of "
                                 f"{setup.data_bin}: {problem}: give the work dir / data-bin the model was trained on")
+
+
+def check_served_model(args) -> ModelSetup:
+    """The model and its segmentation as fairseq-rope-serve takes them: as fairseq-rope-translate
+    checks them for raw text from a file (:func:`check_model`), a bundle verified against its
+    manifest, the languages, the vocabularies. Raises UserError."""
+    if not args.model_dir:
+        raise UserError("give --model-dir: a bundle written by fairseq-rope-export")
+    return check_model(args, engine="ctranslate2", input_format="raw")

@@ -10,7 +10,7 @@ JSON lines (``--json-lines``): one object per input line,
 the engine's own (the hypothesis' log-probability, natural log, divided by its length to the
 power --lenpen: CTranslate2's ``TranslationResult.scores``, fairseq's hypothesis ``score``); a line
 skipped as too long has no translations and ``"skipped": "too long"``, a truncated one
-``"truncated": true``.
+``"truncated": true``, one split into sentences (``--too-long split``) ``"split": true``.
 """
 
 import json
@@ -41,7 +41,7 @@ class OutputFormat:
     def lines(self, numbers: Sequence[int], results: Sequence[List[Hypothesis]],
               notes: Sequence[Optional[str]]) -> List[str]:
         """The output lines of the input lines ``numbers``, whose hypotheses are ``results``;
-        ``notes``: per line, None, ``"skipped"`` or ``"truncated"`` (too long)."""
+        ``notes``: per line, None, ``"skipped"``, ``"truncated"`` or ``"split"`` (too long)."""
         texts = texts_per_line(results, self.output_format, self.bpe_type, self.target)
         out = []
         for number, hypotheses, line_texts, note in zip(numbers, results, texts, notes):
@@ -52,7 +52,7 @@ class OutputFormat:
             record = {"line": number, "translations": [{"text": text, "score": score} for text, score in translated]}
             if note == "skipped":
                 record["skipped"] = "too long"
-            elif note == "truncated":
-                record["truncated"] = True
+            elif note in ("truncated", "split"):
+                record[note] = True
             out.append(json.dumps(record, ensure_ascii=False))
         return out

@@ -77,6 +77,15 @@ class RequestBatcher:
         finally:
             self.waiting -= kept.sentences
 
+    def resize(self, place: Place, sentences: int) -> None:
+        """The place now holds ``sentences`` sentences (a text split into its sentences): raises
+        :class:`QueueFull` when the queue cannot take the more."""
+        more = sentences - place.sentences
+        if more > 0 and self.waiting + more > self.max_queue:
+            raise QueueFull(self.waiting, self.max_queue)
+        self.waiting += more
+        place.sentences = sentences
+
     async def translate(self, sources: List[List[str]], decoding: Decoding,
                         place: Optional[Place] = None) -> List[List[Hypothesis]]:
         """The hypotheses of ``sources`` (an empty one gets none), decoded with ``decoding``, in

@@ -21,10 +21,12 @@ batches of at most --max-batch-size sentences, at most --max-batch-wait seconds 
 came (fairseq_rope_tools/deploy/request_batcher.py). A request the server cannot take is answered
 at once with a 4xx (503 and Retry-After for a full queue, decided before any text is segmented)
 and a one-line JSON ``{"error": "..."}`` naming the problem (docs/deploy.md lists them); the
-server goes on serving. Segmentation and detokenisation run in a thread of their own, decoding in
-another: the event loop only reads and answers. --max-connections, --head-timeout, --body-timeout
-and --keepalive-timeout bound what a client holds; a client that goes away is logged as such, and
-its sentences leave the queue. ``GET /metrics``: Prometheus' text format (service_metrics.py).
+server goes on serving. A text longer than the model takes is split into sentences, translated
+and joined back (--too-long split, the default; --too-long refuse: 413). Segmentation and
+detokenisation run in a thread of their own, decoding in another: the event loop only reads and
+answers. --max-connections, --head-timeout, --body-timeout and --keepalive-timeout bound what a
+client holds; a client that goes away is logged as such, and its sentences leave the queue.
+``GET /metrics``: Prometheus' text format (service_metrics.py).
 
 SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight (at most
 --shutdown-timeout seconds), then exits 0; a second one stops at once, and the server exits 1
@@ -52,6 +54,7 @@ from typing import Optional
 
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.deploy import model_setup
+from fairseq_rope_tools.deploy.batching import add_too_long_arguments
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import first_line
@@ -87,6 +90,7 @@ def parse_args(argv):
                                                        "0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="the port to listen on (8080; 0: any free port, printed)")
     model_setup.add_model_arguments(p)
+    add_too_long_arguments(p, ("refuse", "split"), "split", ("refuse", "skip"))
     p.add_argument("--max-beam", type=int, default=8, help="the largest beam_size a request may ask for (8)")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="sentences decoded together, from one request or several (64, as fairseq-rope-translate's "
@@ -145,15 +149,6 @@ def parse_args(argv):
     return args
 
 
-def check_served_model(args) -> model_setup.ModelSetup:
-    """The model and its segmentation as fairseq-rope-translate checks them for raw text from
-    a file (model_setup.check_model): a bundle verified against its manifest, the languages, the
-    vocabularies. Raises UserError."""
-    if not args.model_dir:
-        raise UserError("give --model-dir: a bundle written by fairseq-rope-export")
-    return model_setup.check_model(args, engine="ctranslate2", input_format="raw")
-
-
 # --- HTTP ------------------------------------------------------------------------------------------
 class Server:
     """The HTTP server of a :class:`Service`: :meth:`run` listens, loads the model, serves until
@@ -169,12 +164,16 @@ class Server:
         self.stopping = False
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.guard: Optional[ConnectionGuard] = None
-        self.metrics = ServiceMetrics(args.max_batch_size, lambda: getattr(self.service.batcher, "waiting", 0),
-                                      lambda: self.guard.open if self.guard else 0,
-                                      lambda: self.guard.refused if self.guard else 0,
-                                      lambda: self.guard.timed_out if self.guard else 0)
+        self.metrics = ServiceMetrics(args.max_batch_size, self._counts)
         self._stop: Optional[asyncio.Event] = None
         self._stop_now: Optional[asyncio.Event] = None
+
+    def _counts(self) -> dict:
+        """What /metrics reads when scraped (service_metrics.COUNTS)."""
+        guard, service = self.guard, self.service
+        return dict(waiting=getattr(service.batcher, "waiting", 0), open=guard.open if guard else 0,
+                    refused=guard.refused if guard else 0, timed_out=guard.timed_out if guard else 0,
+                    split_texts=service.split_texts, sentences_left_out=service.sentences_left_out)
 
     def stop(self) -> None:
         """Stop as SIGTERM does, a second call as a second SIGTERM; from any thread."""
@@ -387,7 +386,7 @@ def main(argv=None):
         verb = "is" if len(missing) == 1 else "are"
         raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
                         "'fairseq-rope[serve]' (or run make setup)")
-    setup = check_served_model(args)
+    setup = model_setup.check_served_model(args)
     # a request's own beam_size and nbest are its own; requests come mixed, as a stream's lines:
     # every bucket used stays loaded
     decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)

@@ -7,12 +7,15 @@ prometheus-client, in a registry of the server's own (two servers in one process
     fairseq_rope_connections_open                client connections open
     fairseq_rope_connections_refused_total       connections refused (--max-connections) or closed for a
                                                  late request head (--head-timeout), by reason
+    fairseq_rope_split_texts_total               texts too long split into sentences (--too-long split)
+    fairseq_rope_sentences_left_out_total        sentences of split texts still too long, left out
+                                                 (--too-long-sentence skip)
     fairseq_rope_batch_sentences                 sentences per decoded batch (histogram)
     fairseq_rope_decode_seconds                  decoding time of a batch (histogram)
     fairseq_rope_request_seconds                 a request's time, arrival to answer (histogram, by route)
 """
 
-from typing import Callable
+from typing import Callable, Dict
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,20 +24,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+#: what ``counts()`` gives ServiceMetrics at each scrape
+COUNTS = ("waiting", "open", "refused", "timed_out", "split_texts", "sentences_left_out")
+
+
 class ServiceMetrics:
-    """The service's counters; ``waiting``, ``open_connections``, ``refused`` and ``timed_out``:
-    functions read at each scrape."""
+    """The service's counters; ``counts``: read at each scrape, a dict of :data:`COUNTS`."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, max_batch_size: int, waiting: Callable[[], int], open_connections: Callable[[], int],
-                 refused: Callable[[], int], timed_out: Callable[[], int]):
+    def __init__(self, max_batch_size: int, counts: Callable[[], Dict[str, int]]):
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("fairseq_rope_requests", "answered requests", ("route", "status"), registry=registry)
         self.sentences = Counter("fairseq_rope_sentences", "sentences translated", registry=registry)
         Gauge("fairseq_rope_queue_sentences", "sentences waiting for a batch",
-              registry=registry).set_function(waiting)
-        registry.register(_Connections(open_connections, refused, timed_out))
+              registry=registry).set_function(lambda: counts()["waiting"])
+        registry.register(_Counts(counts))
         buckets, size = [], 1
         while size < max_batch_size:
             buckets.append(size)
@@ -59,17 +64,21 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-class _Connections:
-    """The connection guard's counts, read when scraped (a custom collector: the guard counts)."""
+class _Counts:
+    """The counts the connection guard and the service keep, read when scraped (a custom collector)."""
 
-    def __init__(self, open_connections, refused, timed_out):
-        self.open_connections, self.refused, self.timed_out = open_connections, refused, timed_out
+    def __init__(self, counts):
+        self.counts = counts
 
     def collect(self):
-        yield GaugeMetricFamily("fairseq_rope_connections_open", "client connections open",
-                                value=self.open_connections())
+        counts = self.counts()
+        yield GaugeMetricFamily("fairseq_rope_connections_open", "client connections open", value=counts["open"])
         refusals = CounterMetricFamily("fairseq_rope_connections_refused",
                                        "connections refused or closed before a request", labels=("reason",))
-        refusals.add_metric(("max_connections",), self.refused())
-        refusals.add_metric(("head_timeout",), self.timed_out())
+        refusals.add_metric(("max_connections",), counts["refused"])
+        refusals.add_metric(("head_timeout",), counts["timed_out"])
         yield refusals
+        yield CounterMetricFamily("fairseq_rope_split_texts", "texts too long split into sentences",
+                                  value=counts["split_texts"])
+        yield CounterMetricFamily("fairseq_rope_sentences_left_out", "sentences of split texts still too long, "
+                                  "left out", value=counts["sentences_left_out"])

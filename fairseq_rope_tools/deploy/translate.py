@@ -37,9 +37,12 @@ A line longer than the model's source positions (its BPE tokens and the ``</s>``
 fairseq counts them: ``max_source_positions`` of the checkpoint, or as the export recorded it) is
 refused by default: the lines before it are translated and written, then the command stops
 naming it (status 1); ``--too-long skip`` leaves its translation empty, ``--too-long truncate``
-translates its first tokens, and either reports how many lines it affected;
-``--max-source-positions`` sets another limit. A line is read only up to the bytes the limit can
-hold (:func:`~fairseq_rope_tools.deploy.batching.line_byte_cap`): an endless line costs no memory.
+translates its first tokens, ``--too-long split`` translates its sentences (sentencex) and joins
+their translations back into one line (a sentence still too long: ``--too-long-sentence``), and
+each reports how many lines it affected; ``--max-source-positions`` sets another limit. A line
+is read only up to the bytes the limit can hold
+(:func:`~fairseq_rope_tools.deploy.batching.line_byte_cap`; 1 MiB to be split): an endless line
+costs no memory.
 
 Before anything is decoded, the CTranslate2 model's vocabularies must be the data-bin's
 dictionaries token for token in order (when a data-bin is given), ``--src``/``--tgt`` the model's
@@ -73,9 +76,10 @@ from pathlib import Path
 from fairseq_rope_base.files import output_files_problem, write_lines, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
 from fairseq_rope_tools.deploy.batching import (
-    TOO_LONG_POLICIES,
     LengthLimit,
+    add_too_long_arguments,
     batches_as_they_come,
+    fits,
     line_byte_cap,
     translate_sorted,
 )
@@ -88,6 +92,7 @@ from fairseq_rope_tools.deploy.model_setup import (
     check_model_arguments,
 )
 from fairseq_rope_tools.deploy.output import OutputFormat
+from fairseq_rope_tools.deploy.paragraphs import PARAGRAPH_BYTES, joined, sentence_splitter
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
 from fairseq_rope_tools.text_lines import OverlongLine
 from fairseq_rope_tools.text_steps import CommandLineReader
@@ -140,9 +145,7 @@ def parse_args(argv):
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
                    help="detok: Moses-detokenized text (default); tok: tokenized, BPE removed (as "
                         "evaluate.sh's hyp.tok.TGT); bpe: the model's tokens")
-    p.add_argument("--too-long", choices=TOO_LONG_POLICIES, default="refuse",
-                   help="a line beyond the model's source positions: refuse it, stopping (default); skip it (an "
-                        "empty translation); or truncate it to fit. Skipped and truncated lines are counted on stderr")
+    add_too_long_arguments(p)
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
     p.add_argument("--quiet", action="store_true",
@@ -152,6 +155,8 @@ def parse_args(argv):
     check_model_arguments(p, args, (("batch_size", 1), ("nbest", 1)))
     if args.nbest > args.beam:
         p.error(f"--nbest {args.nbest}: beam search keeps --beam {args.beam} hypotheses; give --nbest at most --beam")
+    if args.too_long == "split" and args.input_format != "raw":
+        p.error("--too-long split splits raw text into sentences: it needs --input-format raw")
     if not 0 <= args.flush_after < float("inf"):
         p.error(f"--flush-after must be a number of seconds >= 0, not {args.flush_after}")
     return args
@@ -217,9 +222,14 @@ def main(argv=None):
     streaming = is_stream(args.input) and args.output is None  # each batch written as soon as it is translated
     segment = Segmenter(setup.segmentation) if setup.input_format == "raw" else str.split
     engine = ENGINES[setup.engine](setup, args, Decoding(args.beam, args.lenpen, args.max_len, args.nbest), streaming)
+    split = sentence_splitter(setup.src) if args.too_long == "split" else None
+    cap = line_byte_cap(engine.max_source)
     reader = CommandLineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,
-                               max_bytes=line_byte_cap(engine.max_source))
-    limit = LengthLimit(engine.max_source, args.too_long, reader.path)
+                               max_bytes=max(cap, PARAGRAPH_BYTES) if split and cap else cap)
+    # with --too-long split, the limit applies to each sentence of a split line (and to a line over the cap)
+    limit = LengthLimit(engine.max_source, args.too_long_sentence if split else args.too_long, reader.path,
+                        split=split is not None)
+    split_lines = []  # the numbers of the lines split
     output = OutputFormat(setup.output_format, args.nbest, args.json_lines, setup.bpe_type, setup.tgt)
 
     def translated(numbered_lines, progress=False):
@@ -227,23 +237,34 @@ def main(argv=None):
         pairs, and the refusal of a line too long (None): the lines before it are translated all
         the same."""
         numbers, sources, notes = [], [], []
+        pieces = []  # per line, its sources' positions in ``sources``
         refusal = None
         for number, line in numbered_lines:
             try:
                 if isinstance(line, OverlongLine):  # never segmented whole
-                    source, cut = limit.apply_overlong(number, line, segment), True
+                    source = limit.apply_overlong(number, line, segment)
+                    line_sources, note = [source], "skipped" if source is None else "truncated"
                 else:
                     tokens = segment(line)
-                    source = limit.apply(number, tokens)
-                    cut = source is not None and len(source) < len(tokens)
+                    if split is not None and not fits(tokens, limit.limit):
+                        line_sources = [limit.apply(number, segment(sentence)) for sentence in split(line)]
+                        note = "split"
+                        split_lines.append(number)
+                    else:
+                        source = limit.apply(number, tokens)
+                        line_sources = [source]
+                        note = "skipped" if source is None else "truncated" if len(source) < len(tokens) else None
             except UserError as e:
                 refusal = e
                 break
             numbers.append(number)
-            sources.append(source)
-            notes.append("skipped" if source is None else "truncated" if cut else None)
+            pieces.append(range(len(sources), len(sources) + len(line_sources)))
+            sources += line_sources
+            notes.append(note)
         results, seconds = translate_sorted(engine, sources, args.batch_size, progress)
-        return output.lines(numbers, results, notes), len(numbers), sum(1 for s in sources if s), seconds, refusal
+        per_line = [joined([results[i] for i in positions], args.nbest) if note == "split" else results[positions[0]]
+                    for positions, note in zip(pieces, notes)]
+        return output.lines(numbers, per_line, notes), len(numbers), sum(1 for s in sources if s), seconds, refusal
 
     if args.output is None:
         sys.stdout.reconfigure(encoding="utf-8")  # UTF-8 whatever the locale, as --output is
@@ -269,17 +290,23 @@ def main(argv=None):
                         status=1) from None
     finally:
         reader.report(say)  # "[translate] ..." lines
+        if split_lines:  # never silent, even with --quiet
+            say(f"{reader.path}: {len(split_lines)} line{'s' if len(split_lines) != 1 else ''} longer than the model "
+                f"takes ({limit.limit - 1} BPE tokens) split into sentences (first: line {split_lines[0]})")
         if limit.report():
-            say(limit.report())  # never silent, even with --quiet
+            say(limit.report())
     if refusal is not None:
         where = f"--output {args.output}" if args.output else "standard output"
         raise UserError(f"{refusal} (the {lines} line{'s' if lines != 1 else ''} before it: translated to {where})"
                         if lines else str(refusal), status=refusal.status)
 
+    too_long = dict(limit.stats(), split_lines=len(split_lines))
+    if split:  # the limit's policy is then the one for a sentence still too long
+        too_long.update(policy="split", sentence_policy=too_long["policy"])
     stats = dict(engine=setup.engine, sentences=sentences, lines=lines, seconds=round(seconds, 3),
                  sentences_per_second=round(sentences / seconds, 2) if seconds > 0 else None, beam=args.beam,
                  lenpen=args.lenpen, nbest=args.nbest, batch_size=args.batch_size, threads=args.threads,
-                 device=args.device, compute_type=args.compute_type, too_long=limit.stats(), **engine.report())
+                 device=args.device, compute_type=args.compute_type, too_long=too_long, **engine.report())
     if args.stats_json:
         try:
             write_text_atomically(args.stats_json, json.dumps(stats, indent=1) + "\n")

@@ -1,15 +1,17 @@
 """What fairseq-rope-serve does with a request, apart from HTTP: the model and its segmentation,
-the cheap length check, the queue's place, the text work in a thread of its own, and the answer
-as fairseq-rope-translate would write it."""
+the cheap length check, a text too long split into sentences (--too-long split, the default),
+the queue's place, the text work in a thread of its own, and the answer as
+fairseq-rope-translate would write it."""
 
 import asyncio
 import concurrent.futures
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.output import texts_per_line
+from fairseq_rope_tools.deploy.paragraphs import joined, sentence_splitter
 from fairseq_rope_tools.deploy.request_batcher import RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.service_requests import RequestError
@@ -26,6 +28,8 @@ class Service:
         self.open_engine = open_engine
         self.engine: Optional[Engine] = None
         self.segment: Optional[Callable[[str], List[str]]] = None
+        self.split = sentence_splitter(setup.src) if args.too_long == "split" else None
+        self.split_texts = self.sentences_left_out = 0  # counted for /metrics
         self.batcher: Optional[RequestBatcher] = None
         self.text_work = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="text")
         self.ready = False
@@ -38,24 +42,56 @@ class Service:
     def refuse_certainly_too_long(self, sentences: List[str]) -> None:
         """RequestError for a sentence that cannot fit whatever its segmentation: its words and
         characters counted, no tokeniser run (BPE over a 200 KB word takes seconds)."""
-        limit = self.engine.max_source
         for i, sentence in enumerate(sentences):
-            if certainly_too_long(sentence, limit):
-                raise RequestError(413, f'"text"[{i}] has {len(sentence.split())} words and {len(sentence)} '
-                                        f"characters; the model takes at most {limit - 1} BPE tokens "
-                                        "(--max-source-positions): split the sentence")
+            self._refuse_if_certainly_too_long(sentence, f'"text"[{i}]')
 
-    def sources(self, sentences: List[str]) -> List[List[str]]:
-        """The model's tokens of each sentence; RequestError for one longer than the model takes."""
+    def _refuse_if_certainly_too_long(self, text: str, what: str) -> None:
         limit = self.engine.max_source
-        sources = []
+        if certainly_too_long(text, limit):
+            raise RequestError(413, f"{what} has {len(text.split())} words and {len(text)} characters; the model "
+                                    f"takes at most {limit - 1} BPE tokens (--max-source-positions): split the "
+                                    "sentence")
+
+    def sources(self, sentences: List[str]) -> Tuple[List[Optional[List[str]]], List[range]]:
+        """The model's tokens of each sentence, and for each text the positions of its sources:
+        one, or with --too-long split one per sentence of a text too long (None: one left out,
+        --too-long-sentence skip). RequestError for a text or sentence longer than the model takes."""
+        limit = self.engine.max_source
+        sources, pieces = [], []
         for i, sentence in enumerate(sentences):
-            tokens = self.segment(sentence)
-            if not fits(tokens, limit):
+            tokens = None if certainly_too_long(sentence, limit) else self.segment(sentence)
+            if tokens is not None and fits(tokens, limit):
+                text_sources = [tokens]
+            elif self.split is None:
+                self._refuse_if_certainly_too_long(sentence, f'"text"[{i}]')
                 raise RequestError(413, f'"text"[{i}] is {len(tokens)} BPE tokens long; the model takes at most '
                                         f"{limit - 1} (--max-source-positions): split the sentence")
-            sources.append(tokens)
-        return sources
+            else:
+                self.split_texts += 1
+                parts = self.split(sentence)
+                whose = [f"'s sentence {k}" if len(parts) > 1 else "" for k in range(1, len(parts) + 1)]
+                text_sources = [self._sentence_source(part, f'"text"[{i}]{of}') for part, of in zip(parts, whose)]
+                self.sentences_left_out += text_sources.count(None)
+            pieces.append(range(len(sources), len(sources) + len(text_sources)))
+            sources += text_sources
+        return sources, pieces
+
+    def _sentence_source(self, sentence: str, what: str) -> Optional[List[str]]:
+        """A sentence of a split text: its tokens, or None when it is too long and
+        --too-long-sentence is skip (RequestError when refuse)."""
+        limit = self.engine.max_source
+        skip = self.args.too_long_sentence == "skip"
+        if certainly_too_long(sentence, limit):
+            if skip:
+                return None
+            self._refuse_if_certainly_too_long(sentence, what)
+        tokens = self.segment(sentence)
+        if fits(tokens, limit):
+            return tokens
+        if skip:
+            return None
+        raise RequestError(413, f"{what} is {len(tokens)} BPE tokens long; the model takes at most {limit - 1} "
+                                "(--max-source-positions): split the sentence")
 
     def answer(self, results: List[List[Hypothesis]], nbest: int, scores: bool) -> dict:
         """The JSON answer: the detokenized translations (n-best lists when ``nbest`` > 1) and, when
@@ -78,7 +114,13 @@ class Service:
         decoding = Decoding(beam, self.args.lenpen, self.args.max_len, nbest)
         loop = asyncio.get_running_loop()
         with self.batcher.place(len(sentences)) as place:
-            self.refuse_certainly_too_long(sentences)
-            sources = await loop.run_in_executor(self.text_work, self.sources, sentences)
-            results = await self.batcher.translate(sources, decoding, place)
-        return await loop.run_in_executor(self.text_work, self.answer, results, nbest, scores)
+            if self.split is None:  # else each sentence of a text too long is checked so
+                self.refuse_certainly_too_long(sentences)
+            sources, pieces = await loop.run_in_executor(self.text_work, self.sources, sentences)
+            kept = [source for source in sources if source is not None]
+            self.batcher.resize(place, len(kept))  # a text split counts its sentences against --max-queue
+            decoded = iter(await self.batcher.translate(kept, decoding, place))
+            results = [next(decoded) if source is not None else [] for source in sources]
+        per_text = [joined([results[k] for k in positions], nbest) if len(positions) != 1 else results[positions[0]]
+                    for positions in pieces]
+        return await loop.run_in_executor(self.text_work, self.answer, per_text, nbest, scores)

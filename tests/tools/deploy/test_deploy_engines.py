@@ -126,7 +126,7 @@ def test_a_read_error_comes_after_the_lines_before_it():
 def test_the_too_long_policy():
     tokens = ["w"] * 5
     with pytest.raises(UserError, match=r"^in.txt: line 3 has 5 BPE tokens; the model takes at most 4: .*"
-                                        r"--max-source-positions, or pass --too-long skip or truncate") as refused:
+                                        r"--max-source-positions, or pass --too-long split, skip or truncate") as refused:
         LengthLimit(5, "refuse", "in.txt").apply(3, tokens)
     assert refused.value.status == 1
     for policy, expected in (("skip", None), ("truncate", ["w"] * 4)):

@@ -107,15 +107,18 @@ def post(body: bytes, content_type="application/json", extra=""):
 
 
 # --- a long sentence holds nothing ---------------------------------------------------------------
+@pytest.mark.parametrize("too_long", ["split", "refuse"])
 @pytest.mark.parametrize("sentence", ["x" * 200_000, "w " * 100], ids=["a 200 KB word", "more words than positions"])
-def test_a_sentence_that_cannot_fit_is_refused_before_any_segmentation(sentence):
+def test_a_sentence_that_cannot_fit_is_refused_before_any_segmentation(sentence, too_long):
+    """Never tokenized: with --too-long refuse the request is refused first; split into sentences
+    (one here), the sentence is refused before its tokenisation."""
     seen = {}
     _, service = served(lambda server, _: seen.update(answer=http(server.port, "POST", "/translate",
                                                                    {"text": ["a b", sentence]})),
-                        "--max-body-bytes", 1 << 20)
+                        "--max-body-bytes", 1 << 20, "--too-long", too_long)
     status, _, answer = seen["answer"]
     assert status == 413 and answer["error"].startswith('"text"[1] has ') and "split the sentence" in answer["error"]
-    assert service.segmented == []  # neither sentence was tokenized: the request was refused first
+    assert service.segmented == ([] if too_long == "refuse" else ["a b"])
 
 
 def test_health_answers_while_a_request_is_segmented():

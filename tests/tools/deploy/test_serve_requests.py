@@ -236,8 +236,8 @@ def test_a_bad_value_is_named(payload, message):
 
 
 # --- the server: alive at once, ready once the model is loaded ------------------------------------------
-#: a stand-in model's setup: its tokens are the output, as they come
-TOKENS_AS_THEY_COME = ModelSetup("ctranslate2", output_format="bpe", model_dir="unused")
+#: a stand-in model's setup: its tokens are the output, as they come; English text to split
+TOKENS_AS_THEY_COME = ModelSetup("ctranslate2", output_format="bpe", model_dir="unused", src="en")
 
 
 class HeldService(serve.Service):
@@ -452,3 +452,54 @@ def test_the_benchmarks_percentile_is_numpys_linear_one(values, q):
     from fairseq_rope_tools.research.benchmarks.serve_load import percentile
 
     assert percentile(values, q) == pytest.approx(float(numpy.percentile(values, q)))
+
+
+class ShortModelService(serve.Service):
+    """A Reverser that takes at most 4 tokens and the </s>; words are tokens; English text."""
+
+    def __init__(self, args):
+        super().__init__(args, TOKENS_AS_THEY_COME)
+
+    def load(self):
+        self.engine, self.segment = Reverser(), str.split
+        self.engine.max_source = 5
+
+
+@pytest.mark.parametrize("flags", [[], ["--too-long-sentence", "skip"], ["--too-long", "refuse"]])
+def test_a_text_too_long_is_split_into_sentences_and_joined_back(flags):
+    """--too-long split (the default): each sentence of a text too long translated alone and the
+    translations joined in order, counted in /metrics; a sentence still too long is a 413, or
+    left out with --too-long-sentence skip; --too-long refuse answers 413 for the text."""
+    args = serve.parse_args(["--model-dir", "unused", "--port", "0", *flags])
+    service = ShortModelService(args)
+    server = serve.Server(service, "127.0.0.1", 0, shutdown_timeout=10)
+    seen = {}
+
+    def client():
+        assert server.listening.wait(timeout=30)
+        wait_until(lambda: http(server.port, "GET", "/ready")[0] == 200, "ready")
+        seen["split"] = http(server.port, "POST", "/translate", {"text": ["One two three. Four five six. Seven eight", "Hi there", ""]})
+        seen["one too long"] = http(server.port, "POST", "/translate", {"text": ["Yes sir. Nine ten eleven twelve thirteen fourteen. Go home"]})
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as response:
+            seen["metrics"] = response.read().decode()
+
+    serve_until_done(server, client)
+    metrics = dict(re.findall(r"^(fairseq_rope_(?:split_texts|sentences_left_out)_total) (\S+)$", seen["metrics"],
+                              re.M))
+    if flags == ["--too-long", "refuse"]:
+        text = "One two three. Four five six. Seven eight"
+        assert seen["split"][::2] == (413, {"error": f'"text"[0] has 8 words and {len(text)} characters; the model '
+                                                     "takes at most 4 BPE tokens (--max-source-positions): split the "
+                                                     "sentence"})
+        assert metrics == {"fairseq_rope_split_texts_total": "0.0", "fairseq_rope_sentences_left_out_total": "0.0"}
+        return
+    assert seen["split"][::2] == (200, {"translations": ["three. two One six. five Four eight Seven", "there Hi", ""]})
+    if flags:
+        assert seen["one too long"][::2] == (200, {"translations": ["sir. Yes home Go"]})
+    else:
+        sentence = "Nine ten eleven twelve thirteen fourteen."
+        assert seen["one too long"][::2] == (413, {"error": f'"text"[0]\'s sentence 2 has 6 words and {len(sentence)} '
+                                                            "characters; the model takes at most 4 BPE tokens "
+                                                            "(--max-source-positions): split the sentence"})
+    assert metrics == {"fairseq_rope_split_texts_total": "2.0",
+                       "fairseq_rope_sentences_left_out_total": "1.0" if flags else "0.0"}

@@ -474,7 +474,56 @@ def test_too_long_lines_are_skipped_or_truncated_and_counted(tiny, tmp_path, cap
                                       f"({MAX_SOURCE - 1} BPE tokens) {done} (first: line 2)"]
         assert out.read_text().splitlines() == expected
         assert json.loads(stats.read_text())["too_long"] == {"policy": policy, "limit": MAX_SOURCE, "lines": 2,
-                                                             "first_line": 2}
+                                                             "first_line": 2, "split_lines": 0}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", ["ctranslate2", "fairseq"])
+def test_too_long_lines_split_into_sentences_and_joined_back(tiny, tmp_path, capsys, engine):
+    """--too-long split: a line over the limit is translated sentence by sentence and joined back
+    in order (each sentence as it translates alone); a line within it, an empty line and the
+    lines around stay as they are; a sentence still too long falls to --too-long-sentence,
+    counted; --json-lines marks the split line."""
+    data_bin, checkpoint, ct2, work = tiny
+    model = ["--model-dir", ct2] if engine == "ctranslate2" else ["--engine", "fairseq", "--checkpoint", checkpoint]
+    sentences = [" ".join(f"w{(i + j) % 10}" for j in range(3 + i % 3)) + "." for i in range(7)]
+    long_sentence = " ".join(f"w{i % 10}" for i in range(MAX_SOURCE + 3)) + "."
+    lines = ["w1 w2 w3.", " ".join(sentences), "", "w4 w5.", f"{sentences[0]} {long_sentence} {sentences[1]}"]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
+    (tmp_path / "alone.en").write_text("\n".join([*sentences, long_sentence]) + "\n")
+    raw = ["--work-dir", work, "--output-format", "tok", *model]
+    assert translate_in_process(capsys, tmp_path / "alone.en", "-o", tmp_path / "alone.de", "--too-long", "truncate",
+                                *raw)[0] == 0
+    alone = (tmp_path / "alone.de").read_text().splitlines()
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "out.de", "--too-long", "split",
+                                      "--too-long-sentence", "skip", "--stats-json", tmp_path / "stats.json", *raw)
+    assert code == 0
+    assert said == [f"[translate] {tmp_path / 'in.en'}: 2 lines longer than the model takes ({MAX_SOURCE - 1} BPE "
+                    "tokens) split into sentences (first: line 2)",
+                    f"[translate] {tmp_path / 'in.en'}: 1 sentence of split lines longer than the model takes "
+                    f"({MAX_SOURCE - 1} BPE tokens) skipped: their translations are empty (first: line 5)"]
+    out = (tmp_path / "out.de").read_text().splitlines()
+    assert len(out) == len(lines) and out[2] == ""
+    assert out[1] == " ".join(alone[:len(sentences)])
+    assert out[4] == f"{alone[0]} {alone[1]}"  # the sentence too long left out
+    assert json.loads((tmp_path / "stats.json").read_text())["too_long"] == {
+        "policy": "split", "sentence_policy": "skip", "limit": MAX_SOURCE, "lines": 1, "first_line": 5,
+        "split_lines": 2}
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "out.jsonl", "--too-long", "split",
+                                      "--too-long-sentence", "truncate", "--json-lines", *raw)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [record.get("split", False) for record in records] == [False, True, False, False, True]
+    assert records[4]["translations"][0]["text"] == f"{alone[0]} {alone[len(sentences)]} {alone[1]}"
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "refused.de", "--too-long", "split",
+                                      *raw)  # --too-long-sentence refuse
+    assert code == 1 and said[-1].endswith(
+        f"line 5 has a sentence of {MAX_SOURCE + 4} BPE tokens; the model takes at most {MAX_SOURCE - 1}: split it, "
+        f"or pass --too-long-sentence skip or truncate (the 4 lines before it: translated to --output "
+        f"{tmp_path / 'refused.de'})")
+    assert (tmp_path / "refused.de").read_text().splitlines() == out[:4]
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "--too-long", "split", *_bpe_args(data_bin, *model))
+    assert code == 2 and said[-1].endswith("error: --too-long split splits raw text into sentences: it needs "
+                                           "--input-format raw")
 
 
 SOURCES = [["w1"], ["w2", "w3"], ["w4", "w5", "w6"], ["w7", "w8", "w9", "w1"]]  # sorted by length, as batched
