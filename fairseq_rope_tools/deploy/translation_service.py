@@ -69,6 +69,10 @@ class Service:
             else:
                 self.split_texts += 1
                 parts = self.split(sentence)
+                if len(sources) + len(parts) + len(sentences) - i - 1 > self.args.max_lines:  # before any is segmented
+                    raise RequestError(413, f'"text"[{i}] splits into {len(parts)} sentences: with the request\'s '
+                                            f"others, more than the {self.args.max_lines} the server takes in one "
+                                            "request (--max-lines): send fewer")
                 whose = [f"'s sentence {k}" if len(parts) > 1 else "" for k in range(1, len(parts) + 1)]
                 text_sources = [self._sentence_source(part, f'"text"[{i}]{of}') for part, of in zip(parts, whose)]
                 self.sentences_left_out += text_sources.count(None)

@@ -479,7 +479,10 @@ def test_a_text_too_long_is_split_into_sentences_and_joined_back(flags):
         assert server.listening.wait(timeout=30)
         wait_until(lambda: http(server.port, "GET", "/ready")[0] == 200, "ready")
         seen["split"] = http(server.port, "POST", "/translate", {"text": ["One two three. Four five six. Seven eight", "Hi there", ""]})
-        seen["one too long"] = http(server.port, "POST", "/translate", {"text": ["Yes sir. Nine ten eleven twelve thirteen fourteen. Go home"]})
+        seen["one too long"] = http(server.port, "POST", "/translate",
+                                    {"text": ["Yes sir. Nine ten eleven twelve thirteen fourteen. Go home"]})
+        seen["too many"] = http(server.port, "POST", "/translate", {"text": ["Yes. " * 300]})
+
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as response:
             seen["metrics"] = response.read().decode()
 
@@ -501,5 +504,8 @@ def test_a_text_too_long_is_split_into_sentences_and_joined_back(flags):
         assert seen["one too long"][::2] == (413, {"error": f'"text"[0]\'s sentence 2 has 6 words and {len(sentence)} '
                                                             "characters; the model takes at most 4 BPE tokens "
                                                             "(--max-source-positions): split the sentence"})
-    assert metrics == {"fairseq_rope_split_texts_total": "2.0",
+    assert seen["too many"][::2] == (413, {"error": '"text"[0] splits into 300 sentences: with the request\'s others, '
+                                                    "more than the 256 the server takes in one request (--max-lines): "
+                                                    "send fewer"})
+    assert metrics == {"fairseq_rope_split_texts_total": "3.0",
                        "fairseq_rope_sentences_left_out_total": "1.0" if flags else "0.0"}
