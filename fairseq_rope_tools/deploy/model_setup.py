@@ -41,6 +41,7 @@ class ModelSetup:
 def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
     """A CTranslate2 export, or the router over a --length-buckets export's models (every bucket
     used kept loaded with ``keep_loaded``, as lines from a stream come mixed)."""
+    limit_openmp_spinning(args.threads)
     from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine
 
     def open_model(model_dir):
@@ -57,6 +58,7 @@ def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: b
 
 
 def open_fairseq(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
+    limit_openmp_spinning(args.threads)
     from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
 
     return FairseqEngine(setup.checkpoint, setup.data_bin, setup.src, setup.tgt, decoding, args.device,
@@ -67,12 +69,22 @@ ENGINES = {"ctranslate2": open_ctranslate2, "fairseq": open_fairseq}
 
 
 def default_threads():
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    """$OMP_NUM_THREADS, else 1: one thread is never slowed down by other work on the host, where
+    threads that wait for each other are (docs/deploy.md, "Threads on a shared host")."""
     env = os.environ.get("OMP_NUM_THREADS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else cores
+    return int(env) if env.isdigit() and int(env) > 0 else 1
+
+
+#: how long an OpenMP thread spins before it sleeps, for more than one thread (GNU OpenMP's default,
+#: 300,000 spins, lets idle threads take the cores that busy ones need on a shared host)
+GOMP_SPINCOUNT = "10000"
+
+
+def limit_openmp_spinning(threads: int) -> None:
+    """With more than one thread, GOMP_SPINCOUNT unless the user set it or OMP_WAIT_POLICY: read when
+    the engine's OpenMP loads, so before CTranslate2 or torch is imported."""
+    if threads > 1 and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 
 
 def add_model_arguments(p):
@@ -92,7 +104,8 @@ def add_model_arguments(p):
     p.add_argument("--max-len", type=int, default=200,
                    help="at most this many target tokens per sentence (200, fairseq-generate's --max-len-b)")
     p.add_argument("--threads", type=int, default=default_threads(),
-                   help="CPU threads (default: $OMP_NUM_THREADS, else the cores this process may use)")
+                   help="CPU threads (default: $OMP_NUM_THREADS, else 1, which a busy host never slows down; "
+                        "more are faster on an idle one: docs/deploy.md)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--compute-type", default="default",
                    help="CTranslate2: default (the type the model was exported with: float32 unless exported "
