@@ -146,6 +146,10 @@ def parse_args(argv):
                    help="detok: Moses-detokenized text (default); tok: tokenized, BPE removed (as "
                         "evaluate.sh's hyp.tok.TGT); bpe: the model's tokens")
     add_too_long_arguments(p)
+    p.add_argument("--max-sentences-per-input", type=int, metavar="N",
+                   help="with --too-long split: translate a line of more than N sentences N at a time, joined "
+                        "back (1: each sentence alone, the sentence-split oracle; a model trained on joined pairs "
+                        "takes more)")
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
     p.add_argument("--quiet", action="store_true",
@@ -157,6 +161,8 @@ def parse_args(argv):
         p.error(f"--nbest {args.nbest}: beam search keeps --beam {args.beam} hypotheses; give --nbest at most --beam")
     if args.too_long == "split" and args.input_format != "raw":
         p.error("--too-long split splits raw text into sentences: it needs --input-format raw")
+    if args.max_sentences_per_input is not None and (args.max_sentences_per_input < 1 or args.too_long != "split"):
+        p.error(f"--max-sentences-per-input {args.max_sentences_per_input}: give a number >= 1, with --too-long split")
     if not 0 <= args.flush_after < float("inf"):
         p.error(f"--flush-after must be a number of seconds >= 0, not {args.flush_after}")
     return args
@@ -232,6 +238,22 @@ def main(argv=None):
     split_lines = []  # the numbers of the lines split
     output = OutputFormat(setup.output_format, args.nbest, args.json_lines, setup.bpe_type, setup.tgt)
 
+    per_input = args.max_sentences_per_input
+
+    def grouped_sources(number, sentences):
+        """The sources of a line split into ``sentences``: --max-sentences-per-input of them at a
+        time (else one), a group that does not fit as its sentences one by one."""
+        size = per_input or 1
+        sources = []
+        for start in range(0, len(sentences), size):
+            group = sentences[start:start + size]
+            tokens = segment(" ".join(group))
+            if fits(tokens, limit.limit) or len(group) == 1:
+                sources.append(limit.apply(number, tokens))
+            else:
+                sources += [limit.apply(number, segment(sentence)) for sentence in group]
+        return sources
+
     def translated(numbered_lines, progress=False):
         """Output lines, input lines, sentences translated and decoding seconds of (number, line)
         pairs, and the refusal of a line too long (None): the lines before it are translated all
@@ -246,9 +268,10 @@ def main(argv=None):
                     line_sources, note = [source], "skipped" if source is None else "truncated"
                 else:
                     tokens = segment(line)
-                    if split is not None and not fits(tokens, limit.limit):
-                        line_sources = [limit.apply(number, segment(sentence)) for sentence in split(line)]
-                        note = "split"
+                    sentences = split(line) if split is not None and (per_input or not fits(tokens, limit.limit)) \
+                        else None
+                    if sentences is not None and (not fits(tokens, limit.limit) or len(sentences) > per_input):
+                        line_sources, note = grouped_sources(number, sentences), "split"
                         split_lines.append(number)
                     else:
                         source = limit.apply(number, tokens)
@@ -291,8 +314,11 @@ def main(argv=None):
     finally:
         reader.report(say)  # "[translate] ..." lines
         if split_lines:  # never silent, even with --quiet
-            say(f"{reader.path}: {len(split_lines)} line{'s' if len(split_lines) != 1 else ''} longer than the model "
-                f"takes ({limit.limit - 1} BPE tokens) split into sentences (first: line {split_lines[0]})")
+            why = f"longer than the model takes ({limit.limit - 1} BPE tokens)" if limit.limit else ""
+            if per_input:
+                why += f"{' or ' if why else ''}of more than {per_input} sentence{'s' if per_input != 1 else ''}"
+            say(f"{reader.path}: {len(split_lines)} line{'s' if len(split_lines) != 1 else ''} {why} split into "
+                f"sentences (first: line {split_lines[0]})")
         if limit.report():
             say(limit.report())
     if refusal is not None:

@@ -514,6 +514,17 @@ def test_too_long_lines_split_into_sentences_and_joined_back(tiny, tmp_path, cap
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [record.get("split", False) for record in records] == [False, True, False, False, True]
     assert records[4]["translations"][0]["text"] == f"{alone[0]} {alone[len(sentences)]} {alone[1]}"
+    # one sentence at a time, every line of more than one: the sentence-split oracle
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "each.de", "--too-long", "split",
+                                      "--too-long-sentence", "skip", "--max-sentences-per-input", 1, *raw)
+    each = (tmp_path / "each.de").read_text().splitlines()
+    assert code == 0 and each[1] == out[1] and each[4] == out[4] and each[3] == out[3]
+    assert said[0] == (f"[translate] {tmp_path / 'in.en'}: 2 lines longer than the model takes ({MAX_SOURCE - 1} BPE "
+                       "tokens) or of more than 1 sentence split into sentences (first: line 2)")
+    code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "pairs.de", "--too-long", "split",
+                                      "--max-sentences-per-input", 2, "--too-long-sentence", "skip", *raw)
+    pairs = (tmp_path / "pairs.de").read_text().splitlines()
+    assert code == 0 and pairs[0] == out[0] and pairs[1] != out[1] and len(pairs) == len(lines)
     code, said = translate_in_process(capsys, tmp_path / "in.en", "-o", tmp_path / "refused.de", "--too-long", "split",
                                       *raw)  # --too-long-sentence refuse
     assert code == 1 and said[-1].endswith(
