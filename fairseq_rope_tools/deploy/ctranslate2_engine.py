@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fairseq_rope_tools.cli import UserError
-from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
+from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, limit_openmp_spinning
 from fairseq_rope_tools.deploy.segmentation import first_line
 
 # CTranslate2's Linux wheels load cuBLAS at run time, from the CUDA major version they were built
@@ -44,6 +44,7 @@ class CTranslate2Engine(Engine):
     name = "ctranslate2"
 
     def __init__(self, model_dir, decoding: Decoding, device="cpu", compute_type="default", threads=1):
+        limit_openmp_spinning(threads)
         try:
             import ctranslate2
         except ImportError:

@@ -10,6 +10,7 @@ A new engine is a module with a subclass of :class:`Engine` and an entry in fair
 table of engines (``model_setup.ENGINES``); nothing else changes.
 """
 
+import os
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
@@ -59,3 +60,15 @@ def decode(engine: Engine, batch: List[List[str]], decoding: Optional[Decoding] 
     """``engine.translate(batch)``, with ``decoding`` only when one is given: an engine that only
     decodes as it was built (a stand-in in tests) takes the batch alone."""
     return engine.translate(batch) if decoding is None else engine.translate(batch, decoding)
+
+
+#: how long an OpenMP thread spins before it sleeps, for more than one thread (GNU OpenMP's default,
+#: 300,000 spins, lets idle threads take the cores that busy ones need on a shared host)
+GOMP_SPINCOUNT = "10000"
+
+
+def limit_openmp_spinning(threads: int) -> None:
+    """With more than one thread, GOMP_SPINCOUNT unless the user set it or OMP_WAIT_POLICY: read when
+    the engine's OpenMP loads: an engine calls it before it imports CTranslate2 or torch."""
+    if threads > 1 and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from fairseq_rope_tools.cli import UserError, plugin_dir
-from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
+from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis, limit_openmp_spinning
 from fairseq_rope_tools.deploy.segmentation import first_line
 
 COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16")
@@ -23,6 +23,7 @@ class FairseqEngine(Engine):
                  threads=1, max_source: Optional[int] = None):
         import logging
 
+        limit_openmp_spinning(threads)  # when torch is not loaded yet
         import torch
 
         from fairseq_rope.third_party_warnings import quiet_third_party_warnings

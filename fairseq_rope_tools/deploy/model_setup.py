@@ -41,7 +41,6 @@ class ModelSetup:
 def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
     """A CTranslate2 export, or the router over a --length-buckets export's models (every bucket
     used kept loaded with ``keep_loaded``, as lines from a stream come mixed)."""
-    limit_openmp_spinning(args.threads)
     from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine
 
     def open_model(model_dir):
@@ -58,7 +57,6 @@ def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: b
 
 
 def open_fairseq(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
-    limit_openmp_spinning(args.threads)
     from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
 
     return FairseqEngine(setup.checkpoint, setup.data_bin, setup.src, setup.tgt, decoding, args.device,
@@ -74,17 +72,6 @@ def default_threads():
     env = os.environ.get("OMP_NUM_THREADS", "")
     return int(env) if env.isdigit() and int(env) > 0 else 1
 
-
-#: how long an OpenMP thread spins before it sleeps, for more than one thread (GNU OpenMP's default,
-#: 300,000 spins, lets idle threads take the cores that busy ones need on a shared host)
-GOMP_SPINCOUNT = "10000"
-
-
-def limit_openmp_spinning(threads: int) -> None:
-    """With more than one thread, GOMP_SPINCOUNT unless the user set it or OMP_WAIT_POLICY: read when
-    the engine's OpenMP loads, so before CTranslate2 or torch is imported."""
-    if threads > 1 and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 
 
 def add_model_arguments(p):

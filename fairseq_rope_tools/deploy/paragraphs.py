@@ -17,8 +17,8 @@ PARAGRAPH_BYTES = 1 << 20
 
 
 def sentence_splitter(language: str):
-    """raw text -> its sentences in ``language``'s rules (sentencex falls back to a related
-    language's, or English's, for a language it has no rules for), without empty ones."""
+    """raw text -> its sentences in ``language``'s rules, without empty ones (text in a language
+    sentencex has no rules for comes back whole)."""
     try:
         import sentencex
     except ImportError:
