@@ -20,9 +20,11 @@ TOO_LONG_POLICIES = ("refuse", "skip", "truncate")
 TOO_LONG_CHOICES = (*TOO_LONG_POLICIES, "split")
 
 
-def add_too_long_arguments(p, choices=TOO_LONG_CHOICES, default="refuse", sentence_choices=TOO_LONG_POLICIES):
-    """--too-long and --too-long-sentence, as fairseq-rope-translate and fairseq-rope-serve take them."""
-    meaning = {"refuse": "refuse it" + (", stopping" if "truncate" in choices else " (413)"),
+def add_too_long_arguments(p, choices=TOO_LONG_CHOICES, default="refuse", sentence_choices=TOO_LONG_POLICIES,
+                           refusal="stopping"):
+    """--too-long and --too-long-sentence, as fairseq-rope-translate and fairseq-rope-serve take them;
+    ``refusal``: what a refusal does."""
+    meaning = {"refuse": f"refuse it ({refusal})",
                "skip": "skip it (an empty translation)", "truncate": "truncate it to fit",
                "split": "split it into sentences, translated one by one and joined back into one"}
     p.add_argument("--too-long", choices=choices, default=default,

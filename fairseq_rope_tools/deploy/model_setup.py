@@ -73,7 +73,6 @@ def default_threads():
     return int(env) if env.isdigit() and int(env) > 0 else 1
 
 
-
 def add_model_arguments(p):
     """The flags that choose the model, its segmentation and its beam search, which
     fairseq-rope-serve shares: the same bundle and flags give the same translations."""

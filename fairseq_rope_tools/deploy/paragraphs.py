@@ -45,3 +45,11 @@ def joined(pieces: List[List[Hypothesis]], nbest: int) -> List[Hypothesis]:
         tokens = [token for hypothesis in chosen for token in hypothesis.tokens]
         out.append(Hypothesis(tokens, sum(hypothesis.score for hypothesis in chosen) / len(chosen)))
     return out
+
+
+def rejoined(results: List[List[Hypothesis]], pieces: List[range], nbest: int) -> List[List[Hypothesis]]:
+    """The hypotheses of each input from those of its sources: ``pieces`` holds, per input, the
+    positions of its sources in ``results``, one for an input translated whole, its sentences' for
+    one split (:func:`joined`)."""
+    return [results[positions[0]] if len(positions) == 1 else joined([results[i] for i in positions], nbest)
+            for positions in pieces]

@@ -90,7 +90,7 @@ def parse_args(argv):
                                                        "0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="the port to listen on (8080; 0: any free port, printed)")
     model_setup.add_model_arguments(p)
-    add_too_long_arguments(p, ("refuse", "split"), "split", ("refuse", "skip"))
+    add_too_long_arguments(p, ("refuse", "split"), "split", ("refuse", "skip"), refusal="413")
     p.add_argument("--max-beam", type=int, default=8, help="the largest beam_size a request may ask for (8)")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="sentences decoded together, from one request or several (64, as fairseq-rope-translate's "

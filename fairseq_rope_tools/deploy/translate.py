@@ -92,7 +92,7 @@ from fairseq_rope_tools.deploy.model_setup import (
     check_model_arguments,
 )
 from fairseq_rope_tools.deploy.output import OutputFormat
-from fairseq_rope_tools.deploy.paragraphs import PARAGRAPH_BYTES, joined, sentence_splitter
+from fairseq_rope_tools.deploy.paragraphs import PARAGRAPH_BYTES, rejoined, sentence_splitter
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
 from fairseq_rope_tools.text_lines import OverlongLine
 from fairseq_rope_tools.text_steps import CommandLineReader
@@ -285,9 +285,8 @@ def main(argv=None):
             sources += line_sources
             notes.append(note)
         results, seconds = translate_sorted(engine, sources, args.batch_size, progress)
-        per_line = [joined([results[i] for i in positions], args.nbest) if note == "split" else results[positions[0]]
-                    for positions, note in zip(pieces, notes)]
-        return output.lines(numbers, per_line, notes), len(numbers), sum(1 for s in sources if s), seconds, refusal
+        out = output.lines(numbers, rejoined(results, pieces, args.nbest), notes)
+        return out, len(numbers), sum(1 for s in sources if s), seconds, refusal
 
     if args.output is None:
         sys.stdout.reconfigure(encoding="utf-8")  # UTF-8 whatever the locale, as --output is

@@ -11,7 +11,7 @@ from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.output import texts_per_line
-from fairseq_rope_tools.deploy.paragraphs import joined, sentence_splitter
+from fairseq_rope_tools.deploy.paragraphs import rejoined, sentence_splitter
 from fairseq_rope_tools.deploy.request_batcher import RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.service_requests import RequestError
@@ -125,6 +125,5 @@ class Service:
             self.batcher.resize(place, len(kept))  # a text split counts its sentences against --max-queue
             decoded = iter(await self.batcher.translate(kept, decoding, place))
             results = [next(decoded) if source is not None else [] for source in sources]
-        per_text = [joined([results[k] for k in positions], nbest) if len(positions) != 1 else results[positions[0]]
-                    for positions in pieces]
+        per_text = rejoined(results, pieces, nbest)
         return await loop.run_in_executor(self.text_work, self.answer, per_text, nbest, scores)
