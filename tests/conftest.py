@@ -4,6 +4,7 @@ fused kernel on the CPU, and the check that no path went unquoted to a shell. Th
 tests import are in tests/support/."""
 
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -50,6 +51,21 @@ def tiny_data_bin(tmp_path_factory):
         "--destdir", root / "data-bin", "--joined-dictionary", "--workers", "1",
     ])
     return root
+
+
+@pytest.fixture(autouse=True)
+def environment_left_as_found():
+    """A test leaves os.environ as it found it (monkeypatch.setenv restores, os.environ[...] = does
+    not): what it left would reach every later test of its worker, and a command whose environment
+    differs from the warm interpreter's starts cold (support/warm_start.py)."""
+    before = dict(os.environ)
+    yield
+    changed = sorted(name for name in before.keys() | os.environ.keys()
+                     if before.get(name) != os.environ.get(name) and name != "PYTEST_CURRENT_TEST")  # pytest's own
+    if changed:
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"the test left the environment changed: {', '.join(changed)} (use monkeypatch.setenv)")
 
 
 # ------------------------------------------------------------------ the fused kernel on the CPU

@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from unittest import mock
 
 import pytest
 
@@ -173,24 +174,26 @@ def test_the_model_setup_is_returned_and_the_flags_stay_as_given(tmp_path):
                                            bpe_type="subword_nmt")
 
 
-def test_one_thread_by_default_and_short_openmp_spinning_for_more(monkeypatch):
+def test_one_thread_by_default_and_short_openmp_spinning_for_more():
     """--threads defaults to 1 (or $OMP_NUM_THREADS); for more, OpenMP threads spin briefly before
     they sleep unless the user chose how they wait (docs/deploy.md, threads on a shared host)."""
     from fairseq_rope_tools.deploy import engine, model_setup
 
-    for name in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
-        monkeypatch.delenv(name, raising=False)
-    assert model_setup.default_threads() == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert model_setup.default_threads() == 3
-    engine.limit_openmp_spinning(1)
-    assert "GOMP_SPINCOUNT" not in os.environ
-    engine.limit_openmp_spinning(2)
-    assert os.environ["GOMP_SPINCOUNT"] == engine.GOMP_SPINCOUNT
-    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
-    engine.limit_openmp_spinning(4)
-    assert os.environ["GOMP_SPINCOUNT"] == "50"
-    monkeypatch.delenv("GOMP_SPINCOUNT")
-    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    engine.limit_openmp_spinning(4)
-    assert "GOMP_SPINCOUNT" not in os.environ
+    # patch.dict restores the whole environment, including what limit_openmp_spinning sets itself
+    with mock.patch.dict(os.environ):
+        for name in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+            os.environ.pop(name, None)
+        assert model_setup.default_threads() == 1
+        os.environ["OMP_NUM_THREADS"] = "3"
+        assert model_setup.default_threads() == 3
+        engine.limit_openmp_spinning(1)
+        assert "GOMP_SPINCOUNT" not in os.environ
+        engine.limit_openmp_spinning(2)
+        assert os.environ["GOMP_SPINCOUNT"] == engine.GOMP_SPINCOUNT
+        os.environ["GOMP_SPINCOUNT"] = "50"
+        engine.limit_openmp_spinning(4)
+        assert os.environ["GOMP_SPINCOUNT"] == "50"
+        del os.environ["GOMP_SPINCOUNT"]
+        os.environ["OMP_WAIT_POLICY"] = "active"
+        engine.limit_openmp_spinning(4)
+        assert "GOMP_SPINCOUNT" not in os.environ
