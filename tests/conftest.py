@@ -7,7 +7,9 @@ import importlib.util
 import os
 import sys
 
+import joblib  # noqa: F401
 import pytest
+import sklearn  # noqa: F401
 from support import commands
 from support.commands import REPO, TEMP_ROOT, run_cli
 from support.corpora import write_reversal_corpus
@@ -53,6 +55,8 @@ def tiny_data_bin(tmp_path_factory):
     return root
 
 
+# scikit-learn and joblib (which fairseq imports) set KMP_* variables when first imported: imported
+# above, before any test, they are in every test's environment and every command's from the start
 @pytest.fixture(autouse=True)
 def environment_left_as_found():
     """A test leaves os.environ as it found it (monkeypatch.setenv restores, os.environ[...] = does
