@@ -6,8 +6,10 @@ what it did. Implemented by
 :class:`~fairseq_rope_tools.deploy.length_buckets.LengthBuckets`; driven by
 :mod:`~fairseq_rope_tools.deploy.batching`.
 
-A new engine is a module with a subclass of :class:`Engine` and an entry in fairseq-rope-translate's
-table of engines (``model_setup.ENGINES``); nothing else changes.
+A new engine is a module with a subclass of :class:`Engine` and an entry in the registry of
+engines (:mod:`~fairseq_rope_tools.deploy.engines`: its flags, checks, files, how it opens and
+which export it reads), which fairseq-rope-translate and fairseq-rope-serve look it up in;
+nothing else changes.
 """
 
 import os

@@ -20,6 +20,9 @@ source vocabulary, or the sentencepiece model), and records the languages, the t
 BPE kind and vocabulary threshold, and the sha256 of every file of the directory, which
 :func:`verified_bundle` checks before a model is loaded. The length limit and L are those of
 ``export_info.json`` (``length_buckets.json``), which the bundle holds (:func:`source_limit`).
+The format of its model(s) is CTranslate2's unless the manifest declares another
+(``model_format``, :func:`model_format_of`): the engine that reads that format is the default one
+(fairseq_rope_tools/deploy/engines.py).
 """
 
 import hashlib
@@ -39,6 +42,9 @@ CONFIG = "config.json"  # CTranslate2's
 BUNDLE = "bundle.json"
 BUNDLE_FORMAT = "fairseq-rope bundle"
 BUNDLE_VERSION = 1
+#: the format of a bundle's model(s) when its manifest declares none: what fairseq-rope-export has always
+#: written, so that every bundle before the declaration reads as what it is
+CTRANSLATE2_MODEL_FORMAT = "ctranslate2"
 #: the segmentation files of a bundle, by role (the source vocabulary's name ends in the language)
 BUNDLE_SEGMENTATION_FILES = {"codes": "bpe.codes", "vocabulary": "bpe.vocab", "model": "spm.model"}
 
@@ -227,10 +233,12 @@ def file_digests(directory) -> Dict[str, str]:
     return {name: file_fingerprint(os.path.join(directory, name))[1] for name in bundled_files(directory)}
 
 
-def write_bundle(directory, source: str, target: str, segmentation: Optional[Segmentation]) -> dict:
+def write_bundle(directory, source: str, target: str, segmentation: Optional[Segmentation],
+                 model_format: Optional[str] = None) -> dict:
     """Into the export ``directory``, whose model files are written: ``segmentation``'s files (None:
     a model-only export, whose raw input needs a work dir) and bundle.json, which records the
-    languages, the segmentation and the sha256 of every file; returns what it records."""
+    languages, the segmentation, the sha256 of every file and ``model_format`` (None: CTranslate2's,
+    declared by leaving it out, as every bundle before the declaration does); returns what it records."""
     record = None
     if segmentation is not None:
         for name, path in bundle_file_names(segmentation).items():
@@ -238,6 +246,8 @@ def write_bundle(directory, source: str, target: str, segmentation: Optional[Seg
         record = segmentation_record(segmentation)
     manifest = dict(format=BUNDLE_FORMAT, version=BUNDLE_VERSION, source_language=source, target_language=target,
                     segmentation=record, files=file_digests(directory))
+    if model_format is not None:
+        manifest["model_format"] = model_format
     with open(os.path.join(directory, BUNDLE), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
     return manifest
@@ -261,6 +271,7 @@ def read_bundle(directory) -> Optional[dict]:
             raise ValueError(f"{path} lists {name!r}, a path outside the bundle (absolute, or with ..)")
     well_formed = (
         isinstance(files, dict) and all(isinstance(v, str) for v in files.values())
+        and isinstance(manifest.get("model_format", CTRANSLATE2_MODEL_FORMAT), str)
         and all(isinstance(manifest.get(key), str) for key in ("source_language", "target_language"))
         and (record is None or (isinstance(record, dict) and record.get("bpe") in BPE_TYPES
                                 and all(record.get(role) in files for role in _roles(record["bpe"])))))
@@ -269,6 +280,25 @@ def read_bundle(directory) -> Optional[dict]:
     if record is not None and record.get("tokenizer") not in (None, MOSES_RECIPE):
         raise ValueError(f"{path} records a tokenizer this version does not apply ({record.get('tokenizer')!r})")
     return manifest
+
+
+def model_format_of(manifest: Optional[dict]) -> str:
+    """The format of the model(s) of a bundle, as its manifest (None: a --length-buckets export
+    before bundles) declares it: CTranslate2's when it declares none."""
+    return (manifest or {}).get("model_format", CTRANSLATE2_MODEL_FORMAT)
+
+
+def declared_model_format(directory) -> str:
+    """The model format the bundle.json of ``directory`` declares, read before the bundle is
+    verified: only to choose the engine whose check then verifies it. A manifest that cannot be
+    read, or is a symbolic link (a bundle is read only inside itself), declares CTranslate2's: its
+    check says what is wrong with it."""
+    if os.path.islink(os.path.join(directory, BUNDLE)):
+        return CTRANSLATE2_MODEL_FORMAT
+    try:
+        return model_format_of(read_bundle(directory))
+    except (OSError, ValueError):
+        return CTRANSLATE2_MODEL_FORMAT
 
 
 def _roles(bpe_type):

@@ -1,19 +1,17 @@
 """The model a translation runs, as fairseq-rope-translate and fairseq-rope-serve both set it up:
 the flags that choose it, its segmentation and its beam search; every file and flag checked (the
 bundle against its manifest, the work dir and data-bin, the languages, the segmentation of raw
-text, the vocabularies against the dictionaries) before any text is read; and the engines that
-open it (``ENGINES``: one function of the parsed flags per engine)."""
+text, the vocabularies against the dictionaries) before any text is read, each engine's own
+checks as its entry in the registry of engines (engines.py) says."""
 
 import dataclasses
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError, sayer
-from fairseq_rope_tools.deploy import exported, fairseq_engine, work_dir
-from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy import engines, exported, work_dir
 from fairseq_rope_tools.deploy.segmentation import Segmentation, first_line
 
 say = sayer("translate")  # the messages of the setup are fairseq-rope-translate's, in serve too
@@ -24,10 +22,10 @@ class ModelSetup:
     """The model :func:`check_model` found, every file and flag checked: the engine and its files,
     the languages, and the text steps around the model. The paths of the model are as given."""
 
-    engine: str                                  # a key of ENGINES
+    engine: str                                  # the name of a registered engine (engines.py)
     output_format: str                           # one of segmentation.OUTPUT_FORMATS
     input_format: str = "raw"                    # raw text, or the model's tokens ("bpe")
-    model_dir: Optional[str] = None              # what --engine ctranslate2 loads
+    model_dir: Optional[str] = None              # what a bundle engine (--engine ctranslate2) loads
     checkpoint: Optional[str] = None             # what --engine fairseq loads
     bundle: Optional[dict] = None                # the verified manifest of --model-dir (None: no bundle)
     work_dir: Optional[Path] = None
@@ -38,34 +36,6 @@ class ModelSetup:
     segmentation: Optional[Segmentation] = None  # of raw input (None: tokens are taken as they come)
 
 
-def open_ctranslate2(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
-    """A CTranslate2 export, or the router over a --length-buckets export's models (every bucket
-    used kept loaded with ``keep_loaded``, as lines from a stream come mixed)."""
-    from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine
-
-    def open_model(model_dir):
-        return CTranslate2Engine(model_dir, decoding, args.device, args.compute_type, args.threads)
-
-    if exported.is_bucket_export(setup.model_dir):
-        from fairseq_rope_tools.deploy.length_buckets import LengthBuckets
-
-        engine = LengthBuckets(setup.model_dir, open_model, keep_loaded=keep_loaded)
-    else:
-        engine = open_model(setup.model_dir)
-    engine.max_source = args.max_source_positions or recorded_limit(setup.model_dir)  # of an export that loaded
-    return engine
-
-
-def open_fairseq(setup: ModelSetup, args, decoding: Decoding, keep_loaded: bool):
-    from fairseq_rope_tools.deploy.fairseq_engine import FairseqEngine
-
-    return FairseqEngine(setup.checkpoint, setup.data_bin, setup.src, setup.tgt, decoding, args.device,
-                         args.compute_type, args.threads, args.max_source_positions)
-
-
-ENGINES = {"ctranslate2": open_ctranslate2, "fairseq": open_fairseq}
-
-
 def default_threads():
     """$OMP_NUM_THREADS, else 1: one thread is never slowed down by other work on the host, where
     threads that wait for each other are (docs/deploy.md, "Threads on a shared host")."""
@@ -73,9 +43,10 @@ def default_threads():
     return int(env) if env.isdigit() and int(env) > 0 else 1
 
 
-def add_model_arguments(p):
+def add_model_arguments(p, offered_engines):
     """The flags that choose the model, its segmentation and its beam search, which
-    fairseq-rope-serve shares: the same bundle and flags give the same translations."""
+    fairseq-rope-serve shares: the same bundle and flags give the same translations; --engine, one
+    of ``offered_engines`` (entries of engines.py), and their own flags."""
     p.add_argument("--model-dir", help="what fairseq-rope-export wrote: a bundle (model and segmentation), or a "
                                        "directory of length buckets (--length-buckets)")
     p.add_argument("--work-dir", help="the directory prepare.sh wrote for the model: tok/, bpe/ and data-bin/ "
@@ -101,6 +72,7 @@ def add_model_arguments(p):
                    help="the longest source the model takes, in BPE tokens plus the </s> appended to each "
                         "(default: the model's max_source_positions: from the checkpoint, or recorded by "
                         "fairseq-rope-export)")
+    engines.add_engine_arguments(p, offered_engines)
 
 
 def check_model_arguments(p, args, minimums=()):
@@ -113,41 +85,15 @@ def check_model_arguments(p, args, minimums=()):
         p.error("--lenpen must be a number")
 
 
-def check_model(args, engine: Optional[str] = None, checkpoint: Optional[str] = None, input_format: str = "raw",
+def check_model(args, engine: Optional[str] = None, input_format: str = "raw",
                 output_format: Optional[str] = None) -> ModelSetup:
     """The model, its languages and its segmentation, from the flags of :func:`add_model_arguments`
-    in ``args`` and the command's own (fairseq-rope-serve's: a CTranslate2 bundle, raw text): the
-    engine and its files, the bundle verified against its manifest, the work dir and data-bin,
-    the languages, the segmentation of raw text, and the vocabularies against the dictionaries.
-    Raises UserError."""
-    if engine is None:
-        if args.model_dir:
-            engine = "ctranslate2"
-        elif checkpoint:
-            engine = "fairseq"
-        else:
-            raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
-    bundle = None
-    if engine == "ctranslate2":
-        if not args.model_dir:
-            raise UserError("--engine ctranslate2 needs --model-dir (export one with fairseq-rope-export)")
-        if not Path(args.model_dir).is_dir():
-            raise UserError(f"--model-dir {args.model_dir} is not a directory")
-        bundle = verified_model_dir(args.model_dir)
-    else:
-        if not checkpoint:
-            raise UserError("--engine fairseq needs --checkpoint CKPT")
-        missing = [name for name in ("torch", "fairseq") if importlib.util.find_spec(name) is None]
-        if missing:  # a deployment installs neither (docs/deploy.md)
-            raise UserError(f"--engine fairseq needs {' and '.join(missing)}, which this environment lacks: install "
-                            "them (docs/usage.md#install), or translate an export with --model-dir")
-        if not Path(checkpoint).is_file():
-            raise UserError(f"--checkpoint {checkpoint} is not a file")
-        if args.compute_type not in fairseq_engine.COMPUTE_TYPES:
-            raise UserError(f"--compute-type {args.compute_type} is for --engine ctranslate2; fairseq takes "
-                            f"{', '.join(fairseq_engine.COMPUTE_TYPES)}")
-        if args.compute_type in ("float16", "bfloat16") and args.device != "cuda":
-            raise UserError(f"--compute-type {args.compute_type} with --engine fairseq needs --device cuda")
+    in ``args`` and the command's own (fairseq-rope-serve's: a bundle, raw text): the engine
+    (``engine``, else :func:`engines.default_engine`'s) and its files as it checks them (the bundle
+    verified against its manifest, the checkpoint), the work dir and data-bin, the languages, the
+    segmentation of raw text, and the vocabularies against the dictionaries. Raises UserError."""
+    entry = engines.engine_named(engine) if engine else engines.default_engine(args)
+    found = entry.check(args)
     work = Path(args.work_dir) if args.work_dir else None
     if work is not None and not work.is_dir():
         raise UserError(f"--work-dir {work} is not a directory")
@@ -155,27 +101,15 @@ def check_model(args, engine: Optional[str] = None, checkpoint: Optional[str] = 
     if data_bin is not None and not data_bin.is_dir():
         raise UserError(f"--data-bin {data_bin} is not a directory" if work is None or data_bin != work / "data-bin"
                         else f"--work-dir {work} has no data-bin/: run prepare.sh first (or give --data-bin)")
-    if engine == "fairseq" and data_bin is None:
-        raise UserError("--engine fairseq needs the model's dictionaries: give --work-dir (or --data-bin)")
-    src, tgt = check_languages(args.src, args.tgt, data_bin, args.model_dir, bundle)
-    setup = ModelSetup(engine, output_format, input_format, args.model_dir, checkpoint, bundle, work, data_bin, src,
-                       tgt)
+    if entry.needs_data_bin and data_bin is None:
+        raise UserError(f"--engine {entry.name} needs the model's dictionaries: give --work-dir (or --data-bin)")
+    src, tgt = check_languages(args.src, args.tgt, data_bin, args.model_dir, found.bundle)
+    setup = ModelSetup(entry.name, output_format, input_format, args.model_dir, found.checkpoint, found.bundle, work,
+                       data_bin, src, tgt)
     setup = check_segmentation(setup)
-    if engine == "ctranslate2" and data_bin is not None:
+    if entry.checks_vocabulary and data_bin is not None:
         check_vocabulary(setup)
     return setup
-
-
-def verified_model_dir(model_dir):
-    """The bundle's manifest, every file checked against it, none a link out of it (None: a
-    --length-buckets export of a version before bundles, verified by its own manifest); a
-    directory without bundle.json is refused, never loaded unverified."""
-    try:
-        return exported.verified_bundle(model_dir)
-    except (OSError, ValueError) as e:
-        again = "--length-buckets" if exported.is_bucket_export(model_dir) else ""
-        raise UserError(f"--model-dir {model_dir}: {first_line(e)}: export it again with fairseq-rope-export"
-                        + (f" {again}" if again else "")) from None
 
 
 def check_languages(src: Optional[str], tgt: Optional[str], data_bin: Optional[Path], model_dir,
@@ -209,8 +143,9 @@ def check_segmentation(setup: ModelSetup) -> ModelSetup:
             say(f"{held.origin if held else setup.work_dir} was prepared with --no-tokenize: input is taken as "
                 "tokenized and the output is left tokenized (--output-format tok)")
     src, tgt, data_bin = setup.src, setup.tgt, setup.data_bin
-    needs = {"--src": src is None and (setup.input_format == "raw" or setup.engine == "fairseq"),
-             "--tgt": tgt is None and (output_format == "detok" or setup.engine == "fairseq")}
+    both = engines.engine_named(setup.engine).needs_data_bin  # it decodes with both languages' dictionaries
+    needs = {"--src": src is None and (setup.input_format == "raw" or both),
+             "--tgt": tgt is None and (output_format == "detok" or both)}
     for flag, missing in needs.items():
         if missing:
             where = f"the data-bin {data_bin} does not record it" if data_bin else "there is no data-bin"
@@ -242,23 +177,10 @@ def check_segmentation(setup: ModelSetup) -> ModelSetup:
     return dataclasses.replace(setup, output_format=output_format, bpe_type=bpe_type, segmentation=segmentation)
 
 
-def recorded_limit(model_dir):
-    """The export's length limit, or None with a warning: CTranslate2 itself has no limit for RoPE
-    models and would take any length, up to running out of memory."""
-    try:
-        limit = exported.source_limit(model_dir)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--model-dir: cannot read the length limit of {model_dir} ({first_line(e)}): export the "
-                        "model again") from None
-    if limit is None:
-        say(f"--model-dir {model_dir}: the export records no max_source_positions (exported by an older "
-            "export_ctranslate2.py): no input-length limit is known; export it again, or pass --max-source-positions")
-    return limit
-
-
 def check_vocabulary(setup: ModelSetup) -> None:
-    """The CTranslate2 model was exported with this data-bin's dictionaries, token for token in
-    the same order (each bucket of a --length-buckets export is a model of its own: every one)."""
+    """The exported model (of an engine that checks_vocabulary, engines.py) was exported with this
+    data-bin's dictionaries, token for token in the same order (each bucket of a --length-buckets
+    export is a model of its own: every one)."""
     model_dir = Path(setup.model_dir)
     model_dirs = [model_dir]
     if exported.is_bucket_export(model_dir):
@@ -282,7 +204,8 @@ def check_vocabulary(setup: ModelSetup) -> None:
 def check_served_model(args) -> ModelSetup:
     """The model and its segmentation as fairseq-rope-serve takes them: as fairseq-rope-translate
     checks them for raw text from a file (:func:`check_model`), a bundle verified against its
-    manifest, the languages, the vocabularies. Raises UserError."""
+    manifest, the languages, the vocabularies; its engine one that serves (--engine's choices, and
+    every default for a bundle). Raises UserError."""
     if not args.model_dir:
         raise UserError("give --model-dir: a bundle written by fairseq-rope-export")
-    return check_model(args, engine="ctranslate2", input_format="raw")
+    return check_model(args, engine=args.engine, input_format="raw")

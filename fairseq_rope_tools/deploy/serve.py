@@ -35,7 +35,8 @@ method, path (as sent, control characters escaped), status, sentences and millis
 internal error adds its traceback).
 
 Needs aiohttp and prometheus-client: ``pip install 'fairseq-rope[serve]'`` (make setup installs
-them). CTranslate2 on cpu or cuda, single exports and length buckets (every bucket kept loaded);
+them). The engines that read a bundle (--engine; by default the one its bundle.json declares:
+CTranslate2, on cpu or cuda, single exports and length buckets with every bucket kept loaded);
 the flags that choose the model and its beam search are fairseq-rope-translate's.
 """
 
@@ -53,9 +54,8 @@ import traceback
 from typing import Optional
 
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
-from fairseq_rope_tools.deploy import model_setup
+from fairseq_rope_tools.deploy import engines, model_setup
 from fairseq_rope_tools.deploy.batching import add_too_long_arguments
-from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import first_line
 from fairseq_rope_tools.deploy.service_requests import RequestError, read_request, shown
@@ -89,7 +89,7 @@ def parse_args(argv):
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine only; "
                                                        "0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="the port to listen on (8080; 0: any free port, printed)")
-    model_setup.add_model_arguments(p)
+    model_setup.add_model_arguments(p, engines.served_engines())  # those that read a bundle
     add_too_long_arguments(p, ("refuse", "split"), "split", ("refuse", "skip"), refusal="413")
     p.add_argument("--max-beam", type=int, default=8, help="the largest beam_size a request may ask for (8)")
     p.add_argument("--max-batch-size", type=int, default=64,
@@ -359,9 +359,9 @@ class Server:
             await asyncio.sleep(0)  # the batcher's loop runs before the first request comes
             self.service.ready = True
             wait = f"at most {args.max_batch_wait * 1000:g} ms after their first" if args.max_batch_wait else "at once"
-            say(f"ready: --model-dir {args.model_dir} (ctranslate2 on {args.device}, {args.threads} thread"
-                f"{'s' if args.threads != 1 else ''}, beam {args.beam}); batches of at most {args.max_batch_size} "
-                f"sentences, leaving {wait}")
+            say(f"ready: --model-dir {args.model_dir} ({self.service.setup.engine} on {args.device}, "
+                f"{args.threads} thread{'s' if args.threads != 1 else ''}, beam {args.beam}); batches of at most "
+                f"{args.max_batch_size} sentences, leaving {wait}")
             await stopped
         self.stopping = True
         listener.close()  # no new connections
@@ -386,11 +386,7 @@ def main(argv=None):
         verb = "is" if len(missing) == 1 else "are"
         raise UserError(f"fairseq-rope-serve needs {' and '.join(missing)}, which {verb} not installed: pip install "
                         "'fairseq-rope[serve]' (or run make setup)")
-    setup = model_setup.check_served_model(args)
-    # a request's own beam_size and nbest are its own; requests come mixed, as a stream's lines:
-    # every bucket used stays loaded
-    decoding = Decoding(args.beam, args.lenpen, args.max_len, 1)
-    service = Service(args, setup, functools.partial(model_setup.open_ctranslate2, setup, args, decoding, True))
+    service = Service(args, model_setup.check_served_model(args))  # its engine opens once the server listens
     asyncio.run(Server(service, args.host, args.port, args.shutdown_timeout).run())
 
 

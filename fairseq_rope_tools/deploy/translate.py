@@ -75,6 +75,7 @@ from pathlib import Path
 
 from fairseq_rope_base.files import output_files_problem, write_lines, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, closed_stdout_problem, command, sayer
+from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.deploy.batching import (
     LengthLimit,
     add_too_long_arguments,
@@ -84,13 +85,7 @@ from fairseq_rope_tools.deploy.batching import (
     translate_sorted,
 )
 from fairseq_rope_tools.deploy.engine import Decoding
-from fairseq_rope_tools.deploy.model_setup import (
-    ENGINES,
-    ModelSetup,
-    add_model_arguments,
-    check_model,
-    check_model_arguments,
-)
+from fairseq_rope_tools.deploy.model_setup import ModelSetup, add_model_arguments, check_model, check_model_arguments
 from fairseq_rope_tools.deploy.output import OutputFormat
 from fairseq_rope_tools.deploy.paragraphs import PARAGRAPH_BYTES, rejoined, sentence_splitter
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
@@ -127,10 +122,7 @@ def parse_args(argv):
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", default="-", help="text to translate, one sentence per line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations here, atomically (default: stdout)")
-    add_model_arguments(p)
-    p.add_argument("--engine", choices=list(ENGINES),
-                   help="ctranslate2 (default when --model-dir is given) or fairseq (with --checkpoint)")
-    p.add_argument("--checkpoint", help="a fairseq checkpoint (.pt) for --engine fairseq")
+    add_model_arguments(p, engines.registered_engines())  # --engine, and each engine's flags (--checkpoint)
     p.add_argument("--nbest", type=int, default=1,
                    help="hypotheses per line, best first (1; at most --beam): N output lines per input line, or "
                         "N translations with --json-lines")
@@ -171,7 +163,7 @@ def parse_args(argv):
 # --- setup: every flag and file checked before any text is read -----------------------------------
 def check_setup(args) -> ModelSetup:
     """The model, every file and flag checked before any text is read: raises UserError."""
-    setup = check_model(args, args.engine, args.checkpoint, args.input_format, args.output_format)
+    setup = check_model(args, args.engine, args.input_format, args.output_format)
     check_outputs(args, setup)
     if args.input != "-" and not Path(args.input).is_file() and not is_stream(args.input):
         raise UserError(f"input file {args.input} does not exist" if not Path(args.input).exists()
@@ -204,13 +196,7 @@ def input_files(input_path: str, setup: ModelSetup) -> dict:
     """Every file this run reads, by what names it (a description, for the message): the input,
     the model's files, the dictionaries and the work dir's step records and BPE files."""
     inputs = {"the input file": None if input_path == "-" else input_path}
-    if setup.engine == "fairseq":
-        inputs["--checkpoint"] = setup.checkpoint
-    else:
-        model_dir = Path(setup.model_dir)
-        for path in sorted(model_dir.rglob("*")):
-            if path.is_file():
-                inputs[f"--model-dir's {path.relative_to(model_dir)}"] = path
+    inputs.update(engines.engine_named(setup.engine).files_read(setup))
     if setup.data_bin is not None:
         for name in sorted({f"dict.{lang}.txt" for lang in (setup.src, setup.tgt) if lang} | {"bpe_type", ".done"}):
             inputs[f"--data-bin's {name}"] = setup.data_bin / name
@@ -227,7 +213,7 @@ def main(argv=None):
     setup = check_setup(args)
     streaming = is_stream(args.input) and args.output is None  # each batch written as soon as it is translated
     segment = Segmenter(setup.segmentation) if setup.input_format == "raw" else str.split
-    engine = ENGINES[setup.engine](setup, args, Decoding(args.beam, args.lenpen, args.max_len, args.nbest), streaming)
+    engine = engines.open_engine(setup, args, Decoding(args.beam, args.lenpen, args.max_len, args.nbest), streaming)
     split = sentence_splitter(setup.src) if args.too_long == "split" else None
     cap = line_byte_cap(engine.max_source)
     reader = CommandLineReader(_Stdin() if args.input == "-" else args.input, args.replace_invalid_utf8,

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 from typing import Callable, List, Optional, Tuple
 
+from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.model_setup import ModelSetup
@@ -19,13 +20,12 @@ from fairseq_rope_tools.deploy.service_requests import RequestError
 
 class Service:
     """The model of ``setup`` (model_setup.check_model's, as fairseq-rope-serve checks it), loaded
-    by :meth:`load` -- ``open_engine()`` builds its engine -- and what
-    POST /translate does with a request. Text work (segmentation, detokenisation) runs in a
-    thread of its own, so that no text, however slow to segment, holds the event loop."""
+    by :meth:`load` as its engine's entry opens it (engines.py), and what POST /translate does with
+    a request. Text work (segmentation, detokenisation) runs in a thread of its own, so that no
+    text, however slow to segment, holds the event loop."""
 
-    def __init__(self, args, setup: ModelSetup, open_engine: Optional[Callable[[], Engine]] = None):
+    def __init__(self, args, setup: ModelSetup):
         self.args, self.setup = args, setup
-        self.open_engine = open_engine
         self.engine: Optional[Engine] = None
         self.segment: Optional[Callable[[str], List[str]]] = None
         self.split = sentence_splitter(setup.src) if args.too_long == "split" else None
@@ -36,7 +36,10 @@ class Service:
 
     def load(self) -> None:
         """The engine and the segmenter (in a thread: the server answers /health meanwhile)."""
-        self.engine = self.open_engine()
+        # a request's own beam_size and nbest are its own; requests come mixed, as a stream's lines:
+        # every model used stays loaded
+        decoding = Decoding(self.args.beam, self.args.lenpen, self.args.max_len, 1)
+        self.engine = engines.open_engine(self.setup, self.args, decoding, keep_loaded=True)
         self.segment = Segmenter(self.setup.segmentation)
 
     def refuse_certainly_too_long(self, sentences: List[str]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fairseq_rope_tools import metrics
 from fairseq_rope_tools.cli import CommandFailed, plugin_dir, run_logged
+from fairseq_rope_tools.deploy.engines import CTRANSLATE2
 from fairseq_rope_tools.deploy.segmentation import remove_bpe
 from fairseq_rope_tools.research.compare.progress import GeneratedLines, log
 from fairseq_rope_tools.research.compare.variants import variant_spec
@@ -53,7 +54,7 @@ def wanted_decodes(args, variant):
     RoPE with --ctranslate2-length-buckets, CTranslate2's."""
     wanted = {suffix: decode_settings(args, overrides) for suffix, overrides in extra_decodes(args, variant).items()}
     if args.ctranslate2_length_buckets is not None and variant_spec(variant).family == "transformer_rope":
-        wanted[CT2_BUCKETS] = {**decode_settings(args, None), "engine": "ctranslate2",
+        wanted[CT2_BUCKETS] = {**decode_settings(args, None), "engine": CTRANSLATE2.name,
                                "length_buckets": args.ctranslate2_length_buckets}
         if args.rope_scaling_original_length:  # the buckets' training length, as for fairseq's decodes
             wanted[CT2_BUCKETS]["rope_scaling_original_length"] = args.rope_scaling_original_length

@@ -10,6 +10,7 @@ import time
 from fairseq_rope_base.files import file_fingerprint, write_lines_atomically, write_text_atomically
 from fairseq_rope_tools import metrics
 from fairseq_rope_tools.cli import duration, run_logged
+from fairseq_rope_tools.deploy.engines import CTRANSLATE2
 from fairseq_rope_tools.recipes import recipe_step
 from fairseq_rope_tools.research.compare.decoding import (
     CT2_BUCKETS,
@@ -139,7 +140,7 @@ def run_one(args, data, variant, seed, slot, start=None):
             decodes[suffix] = result["decodes"][suffix]
             continue
         log_path = run_dir / f"generate{suffix}.log"
-        if wanted_settings.get("engine") == "ctranslate2":
+        if wanted_settings.get("engine") == CTRANSLATE2.name:
             rows, speed = decode_with_ctranslate2(args, data, averaged, wanted_settings, log_path,
                                                   f"{name}{suffix}", slot, run_dir)
         else:

@@ -167,7 +167,7 @@ def test_the_model_setup_is_returned_and_the_flags_stay_as_given(tmp_path):
     args = translate.parse_args(["--engine", "fairseq", "--checkpoint", str(checkpoint), "--data-bin", str(data_bin),
                                  "--src", "en", "--tgt", "de", "--input-format", "bpe", str(tmp_path / "in.txt")])
     given = dict(vars(args))
-    setup = model_setup.check_model(args, args.engine, args.checkpoint, args.input_format, args.output_format)
+    setup = model_setup.check_model(args, args.engine, args.input_format, args.output_format)
     assert vars(args) == given
     assert setup == model_setup.ModelSetup("fairseq", output_format="detok", input_format="bpe",
                                            checkpoint=str(checkpoint), data_bin=data_bin, src="en", tgt="de",
