@@ -66,7 +66,7 @@ log "installing fairseq runtime dependencies and tools"
 pip_install -c "$CONSTRAINTS" \
     hydra-core==1.3.2 omegaconf==2.3.0 bitarray sacrebleu regex "tqdm>=4.66" cffi scikit-learn \
     sentencepiece subword-nmt sacremoses "sentencex>=1.0" matplotlib pytest pytest-xdist ruff "ctranslate2>=4.6.3,<5" \
-    "aiohttp>=3.9,<4" "prometheus-client>=0.17"
+    "onnxruntime>=1.17" "onnx>=1.15" "aiohttp>=3.9,<4" "prometheus-client>=0.17"
 
 # Triton runs the fused rotation: compiled on CUDA, and in the tests under its interpreter
 # (TRITON_INTERPRET=1) on CPU tensors, which also compiles it ahead of time for sm_80/sm_90.

@@ -1,7 +1,7 @@
 """What fairseq-rope-export does, as a library: a checkpoint and its data-bin read and checked, the
-model converted to a CTranslate2 directory (or one per length bucket), bundled with the work
-dir's segmentation (:func:`export`); and whether a directory already holds that export
-(:func:`is_current`). The command's documentation says the rules (export_ctranslate2.py)."""
+model converted to a CTranslate2 directory (or one per length bucket) or to the ONNX engine's graphs,
+bundled with the work dir's segmentation (:func:`export`); and whether a directory already holds
+that export (:func:`is_current`). The command's documentation says the rules (export_ctranslate2.py)."""
 
 import glob
 import json
@@ -17,7 +17,13 @@ from fairseq_rope.model_options import registered_model_name
 from fairseq_rope.training_lengths import training_length
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.ctranslate2_spec import build_spec, check_exportable
-from fairseq_rope_tools.deploy.export_output import check_output_dir, checkpoint_identity, write_export, write_model_dir
+from fairseq_rope_tools.deploy.export_output import (
+    check_output_dir,
+    checkpoint_identity,
+    has_model_files,
+    write_export,
+    write_model_dir,
+)
 from fairseq_rope_tools.deploy.exported import (
     LENGTH_BUCKETS,
     bucket_overrides,
@@ -38,19 +44,22 @@ from fairseq_rope_tools.deploy.work_dir import (
 )
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
+#: what fairseq-rope-export writes: a model for the engine of that name (engines.py)
+FORMATS = ("ctranslate2", "onnx")
 DEFAULT_BUCKET_FACTORS = (1.5, 2.0, 3.0, 4.0)
 PLAIN_BUCKET = "plain"
 
 
 def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None, data_bin=None,
-               work_dir=None) -> bool:
-    """``output_dir`` is a complete export of this very checkpoint (size and sha256), with the same
-    quantization, inference overrides and length buckets, and records the model's length limits (an
-    export from before they were recorded is not current). Of a --length-buckets export, every
-    bucket's own export_info.json must agree with the manifest (a bucket from another checkpoint, or
-    at another factor, is not current). Given ``data_bin``, the export must also be a bundle whose
-    files match its manifest and which holds the segmentation an export would bundle now
-    (:func:`bundled_segmentation`): an export from before bundles, or of another BPE, is not current."""
+               work_dir=None, model_format="ctranslate2") -> bool:
+    """``output_dir`` is a complete export of this very checkpoint (size and sha256), in the same
+    format, with the same quantization, inference overrides and length buckets, and records the
+    model's length limits (an export from before they were recorded is not current). Of a
+    --length-buckets export, every bucket's own export_info.json must agree with the manifest (a
+    bucket from another checkpoint, or at another factor, is not current). Given ``data_bin``,
+    the export must also be a bundle whose files match its manifest and which holds the
+    segmentation an export would bundle now (:func:`bundled_segmentation`): an export from before
+    bundles, or of another BPE, is not current."""
     try:
         if length_buckets:
             manifest = verified_bucket_manifest(output_dir)
@@ -59,7 +68,7 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None, leng
             info, complete = manifest, True
         else:
             info = read_export_info(output_dir)
-            complete = os.path.isfile(os.path.join(output_dir, "model.bin"))
+            complete = has_model_files(output_dir, info)
         if data_bin is not None:
             src, tgt = languages_of(data_bin)
             expected = bundled_segmentation(data_bin, work_dir, src, tgt) if src else None
@@ -69,8 +78,8 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None, leng
         return False
     if not complete or "max_source_positions" not in info:
         return False
-    if (info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
-            quantization, overrides or {}, os.path.getsize(checkpoint)):
+    if (info.get("format", "ctranslate2"), info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
+            model_format, quantization, overrides or {}, os.path.getsize(checkpoint)):
         return False
     return info.get("sha256") == checkpoint_identity(checkpoint)["sha256"]
 
@@ -209,9 +218,32 @@ class _Overridden:
         return getattr(self.__dict__["_base"], name)
 
 
+def check_format(model_format, quantization="none", length_buckets=None) -> None:
+    """UserError for what the ONNX export does not write: quantized weights, length buckets."""
+    if model_format == "onnx" and quantization != "none":
+        raise UserError(f"--quantization {quantization}: the ONNX export writes float32 weights; leave it out with "
+                        "--format onnx")
+    if model_format == "onnx" and length_buckets:
+        raise UserError("--length-buckets: the ONNX export writes one model; export length buckets with --format "
+                        "ctranslate2")
+
+
+def check_exportable_as(model_format, args) -> None:
+    """UserError for the options of the model the format cannot represent (ONNX: all of them at once)."""
+    if model_format == "ctranslate2":
+        check_exportable(args)
+        return
+    from fairseq_rope_tools.deploy.onnx_graphs import onnx_export_refusals
+
+    refusals = onnx_export_refusals(args)
+    if refusals:
+        raise UserError("cannot export to ONNX: " + "; ".join(refusals))
+
+
 def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None, length_buckets=None,
-           work_dir=None):
-    """Convert ``checkpoint`` into the CTranslate2 directory ``output_dir``; returns its real path.
+           work_dir=None, model_format="ctranslate2"):
+    """Convert ``checkpoint`` into the CTranslate2 directory (``model_format`` "onnx": the ONNX
+    engine's graphs) ``output_dir``; returns its real path.
     ``overrides``: inference options, as ``--model-overrides`` takes them at generate time.
     ``force`` replaces an earlier export (or an empty directory), nothing else. ``length_buckets``:
     factors s > 1; the directory then holds the plain model and one static-yarn model per factor
@@ -219,8 +251,8 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     the segmentation of ``work_dir`` (default: the data-bin's parent, when prepare.sh wrote it;
     :func:`bundled_segmentation`)."""
     import torch
-    from ctranslate2.converters.converter import Converter
 
+    check_format(model_format, quantization, length_buckets)
     factors = check_bucket_factors(length_buckets) if length_buckets else ()
     check_original_length(overrides)
     src, tgt = languages_of(data_bin)
@@ -230,7 +262,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     args = model_config(state)
     buckets = bucket_models(args, overrides, factors) if factors else [(None, None, args)]
     for _, _, bucket_args in buckets:
-        check_exportable(bucket_args)
+        check_exportable_as(model_format, bucket_args)
     task = setup_task(state, checkpoint, data_bin)
     if src is None:  # a data-bin that records no languages: the task's
         src, tgt = task.cfg.source_lang, task.cfg.target_lang
@@ -246,6 +278,16 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     weights = None if quantization == "none" else quantization
 
     def writer(model_args):
+        if model_format == "onnx":
+            from fairseq_rope_tools.deploy.onnx_graphs import write_onnx_model
+
+            def write_onnx(model_dir):
+                os.mkdir(model_dir)
+                write_onnx_model(model, model_args, task, model_dir)
+
+            return write_onnx
+        from ctranslate2.converters.converter import Converter
+
         class _Converter(Converter):
             def _load(self):
                 with torch.no_grad():  # the helpers call .numpy() on the parameters
@@ -253,7 +295,8 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 
         return lambda model_dir: _Converter().convert(model_dir, quantization=weights)
 
-    info = dict(identity, data_bin=os.path.realpath(data_bin), quantization=quantization, arch=args.arch,
+    info = dict(identity, format=model_format, data_bin=os.path.realpath(data_bin), quantization=quantization,
+                arch=args.arch,
                 overrides=overrides or {}, max_source_positions=args.max_source_positions,
                 max_target_positions=args.max_target_positions, init_from=getattr(args, ORIGIN, None),
                 training_length=training_length(args) if registered_model_name(args.arch) == "transformer_rope"
@@ -261,7 +304,8 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
 
     def write_single(tmp):
         write_model_dir(tmp, writer(args), info)
-        write_bundle(tmp, src, tgt, segmentation)
+        # CTranslate2's bundles declare no format, as before the declaration: older versions read them
+        write_bundle(tmp, src, tgt, segmentation, None if model_format == "ctranslate2" else model_format)
 
     if not factors:
         return write_export(output_dir, write_single, inputs, force)

@@ -11,6 +11,7 @@ the default for a bundle whose manifest declares that format. Its module is impo
 it opens, so that --help and the checks load neither CTranslate2 nor torch.
 """
 
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,15 @@ def default_engine(args) -> EngineEntry:
         if entry.chosen_by and getattr(args, entry.chosen_by, None):
             return entry
     raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
+
+
+def opened_by(module: str) -> Callable[..., Engine]:
+    """An engine's ``open``: the ``open_for_setup`` function of ``module``, imported only when the
+    engine opens (the commands start, and check their flags, without the engine's libraries)."""
+    def open_from_module(setup, args, decoding: Decoding, keep_loaded: bool) -> Engine:
+        return importlib.import_module(module).open_for_setup(setup, args, decoding, keep_loaded)
+
+    return open_from_module
 
 
 def open_engine(setup, args, decoding: Decoding, keep_loaded: bool) -> Engine:
@@ -242,3 +252,8 @@ FAIRSEQ = register_engine(EngineEntry(
     check_flags=check_fairseq_flags, model_files=lambda setup: {"--checkpoint": setup.checkpoint},
     chosen_by="checkpoint", needs_data_bin=True))
 
+
+# --- ONNX Runtime --------------------------------------------------------------------------------------------
+ONNX = register_engine(EngineEntry(
+    "onnx", "ONNX Runtime, for an export of --format onnx", opened_by("fairseq_rope_tools.deploy.onnx_engine"),
+    export_format="onnx", checks_vocabulary=True))

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Export a fairseq translation checkpoint to a CTranslate2 model directory: a bundle that holds
-everything fairseq-rope-translate needs.
+"""Export a fairseq translation checkpoint to a CTranslate2 model directory (or, with --format onnx,
+to ONNX graphs for the ONNX Runtime engine): a bundle that holds everything fairseq-rope-translate
+needs.
 
     fairseq-rope-export --checkpoint checkpoints/avg_last5.pt \\
         --data-bin work/wmt14_en_de/data-bin --output-dir ct2/wmt14_en_de [--quantization int8]
+    fairseq-rope-export --format onnx ... --output-dir onnx/wmt14_en_de
 
 The bundle (fairseq_rope_tools.deploy.exported): the model, and, from the work directory
 prepare.sh wrote (``--work-dir``, by default the data-bin's parent when prepare.sh wrote it), the
@@ -31,6 +33,11 @@ dictionary's tokens, with nothing added by the caller.
 static-yarn model per factor S (default 1.5 2 3 4) at the training length L the checkpoint recorded,
 each an export of its own, into one directory with ``length_buckets.json``; fairseq-rope-translate
 sends each sentence to the model of its length, as ``--rope-scaling dynamic-yarn`` would scale it.
+
+``--format onnx`` writes the encoder (with every decoder layer's encoder-decoder keys and values)
+and one decoding step as ONNX graphs, float32 (fairseq_rope_tools.deploy.onnx_graphs): every
+model above and ``--rope-cross-attention`` models, which CTranslate2 cannot rotate; not RoPER,
+linear attention, Shaw relative positions or the per-sentence scalings (all reasons said at once).
 
 A model the engine cannot represent (rotary cross-attention, RoPER, linear attention, ntk or
 the per-sentence scalings, Shaw relative positions, ...) is refused before anything is written, with one line
@@ -65,8 +72,10 @@ from fairseq_rope.plugin_options import INFERENCE, PLUGIN_OPTIONS, options_with_
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
 from fairseq_rope_tools.deploy.checkpoint_export import (
     DEFAULT_BUCKET_FACTORS,
+    FORMATS,
     QUANTIZATIONS,
     check_bucket_factors,
+    check_format,
     check_original_length,
     export,
     is_current,
@@ -87,6 +96,9 @@ def main(argv=None):
     p.add_argument("--output-dir", required=True,
                    help="CTranslate2 model directory to write: a new path (or, with --force, an empty directory "
                         "or an earlier export)")
+    p.add_argument("--format", choices=FORMATS, default="ctranslate2", dest="model_format",
+                   help="ctranslate2 (default): a CTranslate2 model; onnx: the encoder and a decoding step as ONNX "
+                        "graphs for --engine onnx, which also takes --rope-cross-attention models (docs/deploy.md)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="weight type of the exported model (default: none, i.e. float32)")
     p.add_argument("--force", action="store_true",
@@ -111,6 +123,7 @@ def main(argv=None):
     if args.length_buckets is not None:
         buckets = check_bucket_factors(args.length_buckets or DEFAULT_BUCKET_FACTORS)
     check_original_length(overrides)
+    check_format(args.model_format, args.quantization, buckets)
     if not os.path.isfile(args.checkpoint):
         raise UserError(f"--checkpoint {args.checkpoint} is not a file")
     if not os.path.isdir(args.data_bin):
@@ -118,14 +131,15 @@ def main(argv=None):
     if args.work_dir is not None and not os.path.isdir(args.work_dir):
         raise UserError(f"--work-dir {args.work_dir} is not a directory")
     if args.if_changed and is_current(args.output_dir, args.checkpoint, args.quantization, overrides, buckets,
-                                      args.data_bin, args.work_dir):
+                                      args.data_bin, args.work_dir, args.model_format):
         print(f"{args.output_dir} holds this checkpoint ({args.quantization}) already: nothing to do", file=sys.stderr)
         return
     out = export(args.checkpoint, args.data_bin, args.output_dir, args.quantization, args.force, overrides, buckets,
-                 args.work_dir)
+                 args.work_dir, args.model_format)
     kind = f", plain and yarn x{' x'.join(f'{f:g}' for f in buckets)}" if buckets else ""
     held = read_bundle(out)["segmentation"]
-    print(f"wrote {out} ({args.quantization}{kind}): " + (
+    what = "onnx" if args.model_format == "onnx" else args.quantization
+    print(f"wrote {out} ({what}{kind}): " + (
         f"a bundle with its segmentation ({held['bpe']})" if held else
         "the model only, no work dir of prepare.sh beside --data-bin: raw text will need fairseq-rope-translate "
         "--work-dir (or export with --work-dir)"), file=sys.stderr)

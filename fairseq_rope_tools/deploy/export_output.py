@@ -17,10 +17,21 @@ from fairseq_rope_tools.deploy.exported import (
     read_export_info,
     vocabulary_digests,
 )
+from fairseq_rope_tools.deploy.onnx_engine import ONNX_MODEL_FILES
 
-# what an export holds: CTranslate2's files for a translation model (.txt: older versions), and ours
-EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO} | {
+# what an export holds: CTranslate2's files for a translation model (.txt: older versions), the ONNX
+# engine's, and ours
+EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO, *ONNX_MODEL_FILES} | {
     f"{kind}vocabulary.{ext}" for kind in ("", "shared_", "source_", "target_") for ext in ("json", "txt")})
+#: the files without which an export of each format is incomplete
+MODEL_FILES = {"ctranslate2": ("model.bin",), "onnx": ONNX_MODEL_FILES}
+
+
+def has_model_files(directory, info: dict) -> bool:
+    """Whether the export ``directory`` holds the model files of the format its export_info.json
+    (``info``) records (CTranslate2 for exports from before formats were recorded)."""
+    names = MODEL_FILES.get(info.get("format", "ctranslate2"), ())
+    return bool(names) and all(os.path.isfile(os.path.join(directory, name)) for name in names)
 
 
 def checkpoint_identity(path):
@@ -43,7 +54,7 @@ def is_export(directory) -> bool:
         info = read_export_info(directory)
     except (OSError, ValueError):  # read_bucket_manifest checks the manifest's shape: a ValueError
         return False
-    return ("sha256" in info and os.path.isfile(os.path.join(directory, "model.bin"))
+    return ("sha256" in info and has_model_files(directory, info)
             and all((e.name in EXPORT_FILES or is_bundle_entry(e.name)) and e.is_file(follow_symlinks=False)
                     for e in entries))
 
@@ -62,8 +73,8 @@ def check_output_dir(output_dir, inputs: dict, force) -> None:
     if not os.path.isdir(target):
         raise UserError(f"{flag} is a file, not a directory: choose a new directory or an earlier export")
     if os.listdir(target) and not is_export(target):
-        raise UserError(f"{flag} is not an export (one holds export_info.json, model.bin and CTranslate2's "
-                        "files, nothing else): nothing in it is replaced; choose a new or empty directory")
+        raise UserError(f"{flag} is not an export (one holds export_info.json and the model's files, CTranslate2's "
+                        "or ONNX, nothing else): nothing in it is replaced; choose a new or empty directory")
     if not force:
         raise UserError(f"{flag} exists: pass --force to replace it")
 
@@ -77,9 +88,10 @@ def write_failure(output_dir, error: OSError) -> str:
 
 
 def write_model_dir(model_dir, write_model, info) -> None:
-    """One export in the new directory ``model_dir``: CTranslate2's files and export_info.json,
-    which records the vocabularies written (``vocabulary``); returns what it records."""
-    converted = os.path.join(model_dir, "model")  # CTranslate2 makes the directory it writes
+    """One export in the new directory ``model_dir``: the model's files (``write_model(directory)``
+    makes the directory it writes, as CTranslate2's converter does) and export_info.json, which
+    records the vocabularies written (``vocabulary``); returns what it records."""
+    converted = os.path.join(model_dir, "model")
     write_model(converted)
     for name in os.listdir(converted):
         os.rename(os.path.join(converted, name), os.path.join(model_dir, name))

@@ -35,9 +35,10 @@ method, path (as sent, control characters escaped), status, sentences and millis
 internal error adds its traceback).
 
 Needs aiohttp and prometheus-client: ``pip install 'fairseq-rope[serve]'`` (make setup installs
-them). The engines that read a bundle (--engine; by default the one its bundle.json declares:
-CTranslate2, on cpu or cuda, single exports and length buckets with every bucket kept loaded);
-the flags that choose the model and its beam search are fairseq-rope-translate's.
+them). The engines that read a bundle (--engine; by default the one its bundle.json declares):
+CTranslate2 on cpu or cuda, single exports and length buckets with every bucket kept loaded, and
+ONNX Runtime (--format onnx exports); the flags that choose the model and its beam search are
+fairseq-rope-translate's.
 """
 
 import argparse

@@ -194,7 +194,7 @@ def pip_installs(python, *args, cwd) -> list:
 @pytest.mark.e2e
 def test_installing_into_this_environment_installs_only_the_package(tmp_path):
     """`make setup` installed everything the package and its extras ask for."""
-    extras = "plots,dev" + (",gpu" if sys.platform.startswith("linux") else "")
+    extras = "plots,dev,onnx" + (",gpu" if sys.platform.startswith("linux") else "")
     installs = pip_installs(sys.executable, "--dry-run", f".[{extras}]", cwd=copy_of_the_source(tmp_path))
     assert installs == ["fairseq-rope"]
 

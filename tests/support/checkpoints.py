@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
+from support.commands import run_cli
 
 
 def make_checkpoint(path, params, arch="transformer_rope_tiny"):
@@ -50,6 +51,17 @@ def train_args(data_bin, save_dir, max_update):
         "--save-interval-updates", "20", "--save-interval", "1000", "--no-epoch-checkpoints", "--save-dir", save_dir,
         "--num-workers", "0", "--log-format", "simple", "--log-interval", "10",
     ]
+
+
+def train_tiny(data_bin, save_dir, *flags, max_update=150):
+    """A tiny model trained on the reversal corpus until it has learned it (``flags``: the
+    architecture and its options); returns its last checkpoint."""
+    run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", *flags, "--task", "translation", "--cpu",
+             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-3", "--lr-scheduler",
+             "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1500", "--max-update", max_update,
+             "--seed", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
+             "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"])
+    return save_dir / "checkpoint_last.pt"
 
 
 def updates_in(path) -> int:

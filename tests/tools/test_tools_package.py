@@ -28,6 +28,7 @@ NEEDS_TORCH = {
     "fairseq_rope_tools.deploy.ctranslate2_spec": "builds the spec from the model's tensors",
     "fairseq_rope_tools.deploy.ctranslate2_scaling": "scales the model's frequencies with the plugin's",
     "fairseq_rope_tools.deploy.export_ctranslate2": "the export command, over the two above",
+    "fairseq_rope_tools.deploy.onnx_graphs": "traces the model's modules into ONNX graphs",
     "fairseq_rope_tools.research.benchmarks.ablate_rotation_cost": "times the rotation in torch",
     "fairseq_rope_tools.research.benchmarks.speed": "times torch models",
     "fairseq_rope_tools.research.benchmarks.speed_measures": "times torch models",

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Translation speed and BLEU: fairseq-generate against the same model exported to CTranslate2.
+"""Translation speed and BLEU: fairseq-generate against the same model exported to CTranslate2
+and to ONNX (the engines of --engines, from deploy/engines.py's registry).
 
     fairseq-rope-benchmark-ct2 --checkpoint work/quickstart/.../checkpoint.avg5.pt \\
         --data-bin work/quickstart/.../data-bin --out-dir work/bench_ct2 [--threads 1 2] [--reps 3] \\
-        [--device cuda]
+        [--device cuda] [--engines ctranslate2 onnx]
 
 The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
 * ``fairseq-generate`` (its own timer: generation only, model loading excluded), and
@@ -11,7 +12,10 @@ The test set of --data-bin is decoded with beam 4 and length penalty 0.6 by
   int8 (exported by fairseq-rope-export), each with its CPU backend chosen by
   ``CT2_USE_MKL`` (1: Intel MKL, 0: its own kernels): the faster backend differs by compute type
   and processor, so both are measured. Each CTranslate2 configuration runs in a fresh process,
-  since the backend is fixed when the library loads.
+  since the backend is fixed when the library loads; and
+* the ONNX Runtime engine (float32, ``fairseq-rope-export --format onnx``), on the CPU, also in
+  a fresh process. A model CTranslate2 cannot take (``--rope-cross-attention``) is measured
+  with ``--engines onnx``.
 
 ``--device cuda`` decodes on the GPU instead: fairseq-generate in fp32 and with ``--fp16``, and
 CTranslate2 float32, float16 and int8_float16 (int8 weights, fp16 activations), each compared
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from fairseq_rope_base.files import outputs_over_inputs_problem, write_text_atomically
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command
+from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.deploy.work_dir import bpe_type_of
 from fairseq_rope_tools.metrics import tokenized_bleu
 from fairseq_rope_tools.research.benchmarks.engine_timings import (
@@ -46,8 +51,8 @@ from fairseq_rope_tools.research.benchmarks.engine_timings import (
     LENPEN,
     backend_name,
     configuration_name,
-    ct2_translate,
     device_problem,
+    engine_translate,
     export_dir,
     exported_model_dir,
     fairseq_generate,
@@ -73,12 +78,21 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3, help="repetitions of each configuration (median taken)")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="decode on the CPU (default) or on the first CUDA GPU")
+    exported = [entry.name for entry in engines.served_engines()]  # the engines that read an export
+    p.add_argument("--engines", nargs="+", choices=exported, default=exported,
+                   help=f"the engines to measure beside fairseq-generate (default: {' '.join(exported)}; onnx on "
+                        "the CPU only)")
     args = p.parse_args(argv)
+    if args.device != "cpu" and engines.ONNX.name in args.engines:
+        p.error(f"--engines {engines.ONNX.name} runs on the CPU: leave it out with --device {args.device}")
     for flag in ("checkpoint", "data_bin", "out_dir"):
         if getattr(args, flag) is None:
             p.error(f"--{flag.replace('_', '-')} is required")
-    written = [args.out_dir / name for name in RESULTS] + [export_dir(args.out_dir, q)
-                                                           for _, q, _ in CT2_CONFIGS[args.device]]
+    exports = [(engine, compute_type, quantization, precision) for engine in args.engines
+               for compute_type, quantization, precision in (
+                   CT2_CONFIGS[args.device] if engine == engines.CTRANSLATE2.name else (("float32", "none", "fp32"),))]
+    written = [args.out_dir / name for name in RESULTS] + [export_dir(args.out_dir, q, engine)
+                                                           for engine, _, q, _ in exports]
     problem = (outputs_over_inputs_problem({f"--out-dir's {path.name}": path for path in written},
                                            {"--checkpoint": args.checkpoint, "--data-bin": args.data_bin})
                or device_problem(args.device))
@@ -91,8 +105,8 @@ def main(argv=None):
     progress(f"benchmarking {args.checkpoint} on {args.device}: {args.reps} rep(s) of each configuration "
              f"at {' and '.join(map(str, args.threads))} thread(s)")
     rows = []
-    models = {q: exported_model_dir(args.checkpoint, args.data_bin, args.out_dir, q)
-              for _, q, _ in CT2_CONFIGS[args.device]}
+    models = {(engine, q): exported_model_dir(args.checkpoint, args.data_bin, args.out_dir, q, engine)
+              for engine, _, q, _ in exports}
     for threads in args.threads:
         fairseq = {}  # precision -> (seconds of each rep, hypotheses by id)
         for precision in FAIRSEQ_PRECISIONS[args.device]:
@@ -105,12 +119,12 @@ def main(argv=None):
         references = [text_of_tokens(refs[i], bpe_type) for i in ids]
         configs = [("fairseq-generate", FAIRSEQ_COMPUTE_TYPES[precision], None, precision, times,
                     [hyps[i] for i in ids]) for precision, (times, hyps) in fairseq.items()]
-        for compute_type, quantization, precision in CT2_CONFIGS[args.device]:
-            for use_mkl in backends:
-                name = configuration_name("ctranslate2", compute_type, backend_name(use_mkl), threads)
-                runs = repeated(args.reps, name, ct2_translate, models[quantization], compute_type, use_mkl, threads,
-                                [sources[i] for i in ids], args.device)
-                configs.append(("ctranslate2", compute_type, use_mkl, precision, [s for s, _ in runs], runs[0][1]))
+        for engine, compute_type, quantization, precision in exports:
+            for use_mkl in backends if engine == engines.CTRANSLATE2.name else (None,):  # CTranslate2's backends
+                name = configuration_name(engine, compute_type, backend_name(use_mkl), threads)
+                runs = repeated(args.reps, name, engine_translate, engine, models[engine, quantization], compute_type,
+                                use_mkl, threads, [sources[i] for i in ids], args.device)
+                configs.append((engine, compute_type, use_mkl, precision, [s for s, _ in runs], runs[0][1]))
         for engine, compute_type, use_mkl, precision, seconds, hypotheses in configs:
             times, hyps = fairseq[precision]  # compared with fairseq-generate in the same precision
             median = statistics.median(seconds)

@@ -1,8 +1,10 @@
-"""fairseq-generate and CTranslate2 on a data-bin's test set, timed and compared: what
-fairseq-rope-benchmark-ct2 and fairseq-rope-gpu-check's sections measure with. CTranslate2 runs
-in a fresh process (``python -m`` this module, the request on stdin), since its CPU backend is
-chosen when the library loads."""
+"""fairseq-generate and the engines that read an export (CTranslate2, ONNX Runtime: deploy/engines.py)
+on a data-bin's test set, timed and compared: what fairseq-rope-benchmark-ct2 and
+fairseq-rope-gpu-check's sections measure with. Each engine runs in a fresh process (``python -m``
+this module, the request on stdin), since CTranslate2's CPU backend is chosen when the library
+loads."""
 
+import argparse
 import json
 import os
 import re
@@ -10,9 +12,11 @@ import subprocess
 import sys
 
 from fairseq_rope_tools.cli import UserError, plugin_dir, progress_sayer
+from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.deploy.batching import translate_sorted
-from fairseq_rope_tools.deploy.ctranslate2_engine import CTranslate2Engine, ctranslate2_cuda_problem
+from fairseq_rope_tools.deploy.ctranslate2_engine import ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.segmentation import remove_bpe
 
 BEAM, LENPEN, BATCH = 4, 0.6, 64
@@ -106,52 +110,62 @@ def fairseq_generate(checkpoint, data_bin, threads, device="cpu", precision="fp3
     return seconds, lines["S"], lines["H"], lines["T"]
 
 
-def ct2_worker(request):
-    """Runs in its own process (the backend is read when ctranslate2 loads): the engine and batching
-    of fairseq-rope-translate, decoding time only."""
-    engine = CTranslate2Engine(request["model_dir"], Decoding(BEAM, LENPEN, request["max_len"]), request["device"],
-                               request["compute_type"], request["threads"])
+def engine_worker(request):
+    """Runs in its own process (CTranslate2's backend is read when it loads): the engine, opened
+    through the registry, and the batching of fairseq-rope-translate; decoding time only."""
+    setup = ModelSetup(request["engine"], "bpe", "bpe", model_dir=request["model_dir"])
+    flags = argparse.Namespace(device=request["device"], compute_type=request["compute_type"],
+                               threads=request["threads"], max_source_positions=None)
+    engine = engines.engine_named(request["engine"]).open(setup, flags, Decoding(BEAM, LENPEN, request["max_len"]),
+                                                          False)
     results, seconds = translate_sorted(engine, request["sources"], BATCH)
     json.dump({"seconds": seconds, "hypotheses": [h[0].tokens if h else [] for h in results]}, sys.stdout)
 
 
-def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
-    """(seconds, hypotheses) of CTranslate2 in a fresh process; ``use_mkl`` None: its default
-    backend (the only one on cuda)."""
-    request = dict(model_dir=str(model_dir), compute_type=compute_type, threads=threads, sources=sources,
-                   device=device, max_len=max_len)
+def engine_translate(engine, model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
+    """(seconds, hypotheses) of ``engine`` (a name in the registry) in a fresh process; ``use_mkl``:
+    CTranslate2's CPU backend (None: its default, the only one on cuda)."""
+    request = dict(engine=engine, model_dir=str(model_dir), compute_type=compute_type, threads=threads,
+                   sources=sources, device=device, max_len=max_len)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     if use_mkl is not None:
         env["CT2_USE_MKL"] = str(use_mkl)
     proc = subprocess.run([sys.executable, "-m", __spec__.name], input=json.dumps(request),
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise UserError(f"CTranslate2 ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}",
-                        status=1)
+        raise UserError(f"{engine} ({compute_type}, CT2_USE_MKL={use_mkl}) failed:\n{proc.stderr[-3000:]}", status=1)
     reply = json.loads(proc.stdout)
     return reply["seconds"], reply["hypotheses"]
 
 
-def export_dir(out_dir, quantization):
-    """Where :func:`export` writes the model of ``quantization``: OUT_DIR/ct2_QUANTIZATION."""
-    return out_dir / f"ct2_{quantization}"
+def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
+    """:func:`engine_translate` of CTranslate2."""
+    return engine_translate(engines.CTRANSLATE2.name, model_dir, compute_type, use_mkl, threads, sources, device,
+                            max_len)
 
 
-def exported_model_dir(checkpoint, data_bin, out_dir, quantization):
-    """OUT_DIR/ct2_QUANTIZATION, exported unless it holds this very checkpoint already. In this
-    process: torch and fairseq are loaded once for all exports."""
+def export_dir(out_dir, quantization, model_format="ctranslate2"):
+    """Where :func:`export` writes the model of ``quantization``: OUT_DIR/ct2_QUANTIZATION (an ONNX
+    export: OUT_DIR/onnx)."""
+    return out_dir / ("onnx" if model_format == "onnx" else f"ct2_{quantization}")
+
+
+def exported_model_dir(checkpoint, data_bin, out_dir, quantization, model_format="ctranslate2"):
+    """OUT_DIR/ct2_QUANTIZATION (or OUT_DIR/onnx), exported unless it holds this very checkpoint
+    already. In this process: torch and fairseq are loaded once for all exports."""
     from fairseq_rope_tools.deploy import checkpoint_export as exporter
 
-    model_dir = export_dir(out_dir, quantization)
-    if not exporter.is_current(model_dir, checkpoint, quantization, data_bin=data_bin):
-        progress(f"exporting {checkpoint} to {model_dir} ({'no' if quantization == 'none' else quantization} "
-                 "quantization)")
+    model_dir = export_dir(out_dir, quantization, model_format)
+    if not exporter.is_current(model_dir, checkpoint, quantization, data_bin=data_bin, model_format=model_format):
+        progress(f"exporting {checkpoint} to {model_dir} ({model_format}, "
+                 f"{'no' if quantization == 'none' else quantization} quantization)")
         try:
-            exporter.export(str(checkpoint), str(data_bin), str(model_dir), quantization, force=True)
+            exporter.export(str(checkpoint), str(data_bin), str(model_dir), quantization, force=True,
+                            model_format=model_format)
         except (UserError, exporter.OptionError) as e:  # a step of the benchmark that failed: status 1
             raise UserError(str(e), status=1) from None
     return model_dir
 
 
-if __name__ == "__main__":  # ct2_translate's fresh process
-    ct2_worker(json.load(sys.stdin))
+if __name__ == "__main__":  # engine_translate's fresh process
+    engine_worker(json.load(sys.stdin))

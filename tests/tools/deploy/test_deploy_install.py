@@ -1,6 +1,7 @@
 """The deploy part installed alone: a fresh virtual environment with this package (a wheel of the
 checkout) and its dependencies only -- no torch, no fairseq, which the package does not require --
-translates raw text from a bundle of fairseq-rope-export as the full environment does.
+translates raw text from a bundle of fairseq-rope-export, CTranslate2's or ONNX, as the full
+environment does.
 
 Offline: the dependencies' distributions, and those they require, are taken from this
 environment's site-packages (their files linked into the new one, with their metadata, so that
@@ -19,6 +20,8 @@ from support.commands import REPO, run_cli
 from support.corpora import subword_work_dir
 
 pytest.importorskip("ctranslate2")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")  # for the export, in this environment
 packaging_requirements = pytest.importorskip("packaging.requirements")
 
 pytestmark = pytest.mark.e2e  # trains a model and builds a virtual environment
@@ -85,19 +88,23 @@ def deploy_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundle(tiny_data_bin, tmp_path_factory):
-    """A tiny RoPE model after one update, exported with the segmentation of a work dir as
-    prepare.sh leaves it (subword-nmt codes that keep the corpus' words whole)."""
+    """{format: export} of a tiny RoPE model after one update, exported to each format with the
+    segmentation of a work dir as prepare.sh leaves it (subword-nmt codes that keep the corpus'
+    words whole)."""
     root = tmp_path_factory.mktemp("deploy_bundle")
     work = subword_work_dir(root, tiny_data_bin)
     run_cli(["fairseq-train", work / "data-bin", "--user-dir", "fairseq_rope", "--arch", "transformer_rope_tiny",
              "--task", "translation", "--cpu", "--optimizer", "adam", "--lr", "5e-3", "--max-tokens", "1500",
              "--max-update", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
              "--save-dir", root / "checkpoints", "--num-workers", "0"])
-    out = root / "bundle"
-    proc = run_cli(["fairseq-rope-export", "--checkpoint", root / "checkpoints" / "checkpoint_last.pt", "--data-bin",
-                    work / "data-bin", "--output-dir", out])
-    assert "a bundle with its segmentation (subword_nmt)" in proc.stderr
-    return out
+    exports = {}
+    for model_format in ("ctranslate2", "onnx"):
+        exports[model_format] = root / model_format
+        proc = run_cli(["fairseq-rope-export", "--format", model_format, "--checkpoint",
+                        root / "checkpoints" / "checkpoint_last.pt", "--data-bin", work / "data-bin", "--output-dir",
+                        exports[model_format]])
+        assert "a bundle with its segmentation (subword_nmt)" in proc.stderr
+    return exports
 
 
 def test_the_deploy_install_translates_from_a_bundle_without_torch(deploy_env, bundle, tiny_data_bin, tmp_path):
@@ -113,14 +120,17 @@ def test_the_deploy_install_translates_from_a_bundle_without_torch(deploy_env, b
     raw.write_text("".join((tiny_data_bin / "test.en").read_text().splitlines(keepends=True)[:10]))
     # the console script run by the environment's python: for a path with spaces pip writes it as a
     # sh/python polyglot, whose sh part would expand the tests' directory's $(...)
-    deployed = subprocess.run([python, python.parent / "fairseq-rope-translate", "--model-dir", bundle, raw, "-o",
-                               tmp_path / "deployed.de", "--threads", "1"], capture_output=True, text=True, env=env,
-                              cwd=tmp_path, timeout=300)
-    assert deployed.returncode == 0, deployed.stderr[-4000:]
-    assert "10 lines (10 to translate)" in deployed.stderr
-    run_cli(["fairseq-rope-translate", "--model-dir", bundle, raw, "-o", tmp_path / "full.de", "--threads", "1"])
-    assert (tmp_path / "deployed.de").read_text() == (tmp_path / "full.de").read_text()
-    assert len((tmp_path / "deployed.de").read_text().splitlines()) == 10
+    for model_format, model_dir in bundle.items():  # the engine each bundle declares
+        deployed = subprocess.run([python, python.parent / "fairseq-rope-translate", "--model-dir", model_dir, raw,
+                                   "-o", tmp_path / f"deployed.{model_format}.de", "--threads", "1"],
+                                  capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert deployed.returncode == 0, deployed.stderr[-4000:]
+        assert "10 lines (10 to translate)" in deployed.stderr and f"({model_format}, beam 4" in deployed.stderr
+        run_cli(["fairseq-rope-translate", "--model-dir", model_dir, raw, "-o", tmp_path / f"full.{model_format}.de",
+                 "--threads", "1"])
+        deployed_lines = (tmp_path / f"deployed.{model_format}.de").read_text()
+        assert deployed_lines == (tmp_path / f"full.{model_format}.de").read_text()
+        assert len(deployed_lines.splitlines()) == 10
     # the fairseq engine needs what a deployment does not install: one line, not a traceback
     fake_checkpoint = tmp_path / "checkpoint.pt"
     fake_checkpoint.write_bytes(b"")

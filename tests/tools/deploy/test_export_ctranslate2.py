@@ -8,6 +8,7 @@ import math
 import re
 
 import pytest
+from support.checkpoints import train_tiny
 from support.commands import fairseq_generate_stdout, run_cli, run_cli_streaming
 from support.models import model_with_dictionary
 
@@ -32,16 +33,7 @@ MODELS = {  # name -> training flags (reversal needs positions: a wrong rotation
 @pytest.fixture(scope="module")
 def trained(tiny_data_bin, tmp_path_factory):
     data_bin, root = tiny_data_bin / "data-bin", tmp_path_factory.mktemp("ct2_models")
-    checkpoints = {}
-    for name, flags in MODELS.items():
-        save_dir = root / name
-        run_cli(["fairseq-train", data_bin, "--user-dir", "fairseq_rope", *flags, "--task", "translation", "--cpu",
-                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-3", "--lr-scheduler",
-                 "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1500", "--max-update", "150",
-                 "--seed", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
-                 "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"])
-        checkpoints[name] = save_dir / "checkpoint_last.pt"
-    return data_bin, checkpoints
+    return data_bin, {name: train_tiny(data_bin, root / name, *flags) for name, flags in MODELS.items()}
 
 
 def fairseq_generate(data_bin, checkpoint, beam, *extra, command=False):
@@ -184,7 +176,7 @@ def test_refusal_is_one_line_and_writes_nothing(trained, tmp_path):
 
 
 @pytest.mark.e2e
-def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
+def test_benchmark_reports_every_engine_and_backend(trained, tmp_path):
     data_bin, checkpoints = trained
     lines = run_cli_streaming(["fairseq-rope-benchmark-ct2", "--checkpoint", checkpoints["rope"],
                                "--data-bin", data_bin, "--out-dir", tmp_path, "--threads", "1", "--reps", "1"])
@@ -196,15 +188,18 @@ def test_benchmark_reports_both_engines_and_backends(trained, tmp_path):
     assert [rep for _, rep in reps] == [
         "fairseq-generate float32, 1 thread(s): rep 1/1", "ctranslate2 float32 MKL, 1 thread(s): rep 1/1",
         "ctranslate2 float32 CT2_USE_MKL=0, 1 thread(s): rep 1/1", "ctranslate2 int8 MKL, 1 thread(s): rep 1/1",
-        "ctranslate2 int8 CT2_USE_MKL=0, 1 thread(s): rep 1/1"]
+        "ctranslate2 int8 CT2_USE_MKL=0, 1 thread(s): rep 1/1", "onnx float32, 1 thread(s): rep 1/1"]
     assert lines[reps[0][0]][1] and reps[-1][0] < table
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(r["engine"], r["compute_type"], r["backend"]) for r in rows] == [
         ("fairseq-generate", "float32", ""), ("ctranslate2", "float32", "MKL"),
-        ("ctranslate2", "float32", "CT2_USE_MKL=0"), ("ctranslate2", "int8", "MKL"), ("ctranslate2", "int8", "CT2_USE_MKL=0")]
-    fairseq, float32 = rows[0], rows[1]
+        ("ctranslate2", "float32", "CT2_USE_MKL=0"), ("ctranslate2", "int8", "MKL"), ("ctranslate2", "int8", "CT2_USE_MKL=0"),
+        ("onnx", "float32", "")]
+    fairseq = rows[0]
     assert fairseq["speedup"] == 1.0 and fairseq["identical_to_fairseq"] == fairseq["sentences"]
-    assert float32["identical_to_fairseq"] >= 0.98 * float32["sentences"] and abs(float32["bleu"] - fairseq["bleu"]) <= 0.1
+    for float32 in (rows[1], rows[-1]):  # CTranslate2's and ONNX Runtime's: fairseq's translations
+        assert float32["identical_to_fairseq"] >= 0.98 * float32["sentences"]
+        assert abs(float32["bleu"] - fairseq["bleu"]) <= 0.1
     assert "| ctranslate2 | int8 |" in (tmp_path / "results.md").read_text()
 
 
@@ -220,7 +215,7 @@ def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatc
     with pytest.raises(UserError, match="^fairseq-generate failed:\nRuntimeError: boom") as raised:
         bench.fairseq_generate("checkpoint.pt", "data-bin", 1)
     assert raised.value.status == 1
-    with pytest.raises(UserError, match=r"^CTranslate2 \(int8, CT2_USE_MKL=0\) failed") as raised:
+    with pytest.raises(UserError, match=r"^ctranslate2 \(int8, CT2_USE_MKL=0\) failed") as raised:
         bench.ct2_translate("ct2", "int8", 0, 1, [["w1"]])
     assert raised.value.status == 1
 

@@ -4,8 +4,9 @@ Its translations are fairseq-rope-translate's for the same bundle and settings (
 many, n-best with scores, another beam size); every bad request is a 4xx with a one-line JSON
 error and the server goes on serving; a full queue answers 503 with Retry-After; 32 concurrent
 clients sending different sentences each get their own translations, batched together; SIGTERM
-during load completes every request the server had taken and exits 0. Request loops are bounded
-in count and time.
+during load completes every request the server had taken and exits 0; an ONNX export of the same
+model serves as fairseq-rope-translate translates with it. Request loops are bounded in count and
+time.
 
 The model: a tiny RoPE model (at most 40 source positions) trained for 150 updates on the
 reversal corpus, exported as a bundle with the segmentation of a work dir as prepare.sh leaves it:
@@ -23,6 +24,8 @@ import time
 import pytest
 from support.commands import cli_command, run_cli
 from support.corpora import subword_work_dir
+
+from fairseq_rope_tools.deploy.exported import read_export_info
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("aiohttp")
@@ -367,3 +370,41 @@ def test_the_load_benchmark_never_writes_over_its_input(bundle, tmp_path):
                    cwd=tmp_path, check=False)
     assert proc.returncode == 2 and f"error: --output {source} is --input {source}" in proc.stderr
     assert source.read_text(encoding="utf-8") == "w1 w2\n"
+
+
+def test_an_onnx_export_of_the_same_model_serves_as_translate_translates_with_it(bundle, sentences, tmp_path):
+    """The engine comes from the bundle's manifest: the service opens ONNX Runtime for an ONNX export,
+    and 16 concurrent clients get fairseq-rope-translate's translations and scores of that export,
+    nearly all of them the CTranslate2 export's too (both are fairseq's search)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    info = read_export_info(bundle)
+    onnx_bundle = tmp_path / "onnx"
+    run_cli(["fairseq-rope-export", "--format", "onnx", "--checkpoint", info["checkpoint"], "--data-bin",
+             info["data_bin"], "--output-dir", onnx_bundle])
+    chosen = list(sentences)[:64]
+    records = [json.loads(line) for line in translate_with_the_command(onnx_bundle, tmp_path, chosen, "--nbest", "2",
+                                                                       "--json-lines")]
+    best = [r["translations"][0]["text"] for r in records]
+    assert sum(b == sentences[s] for b, s in zip(best, chosen)) >= 0.95 * len(chosen)
+    live = LiveServer(onnx_bundle)
+    try:
+        assert any("(onnx on cpu" in line for line in live.lines), live.lines
+        answers = [None] * 16
+
+        def client(c):
+            answers[c] = live.translate({"text": chosen[c * 4:c * 4 + 4], "nbest": 2, "scores": True})[::2]
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        for c, (status, answer) in enumerate(answers):
+            expected = records[c * 4:c * 4 + 4]
+            assert status == 200 and answer["translations"] == [[h["text"] for h in r["translations"]]
+                                                                for r in expected]
+            assert all(abs(a - h["score"]) < 1e-4 for scores, r in zip(answer["scores"], expected)
+                       for a, h in zip(scores, r["translations"], strict=True))
+    finally:
+        assert live.stop() == 0, "\n".join(live.lines[-20:])
