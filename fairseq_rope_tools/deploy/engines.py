@@ -118,7 +118,7 @@ def default_engine(args) -> EngineEntry:
     for entry in _REGISTERED.values():
         if entry.chosen_by and getattr(args, entry.chosen_by, None):
             return entry
-    raise UserError("give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT")
+    raise UserError("give --model-dir (what fairseq-rope-export wrote) or --engine fairseq --checkpoint CKPT")
 
 
 def opened_by(module: str) -> Callable[..., Engine]:

@@ -225,7 +225,7 @@ def test_setup_errors_name_the_flag_or_file(model, evaluated, tmp_path):
     shutil.copytree(ct2, model_only, ignore=shutil.ignore_patterns("bpe.*", exported.BUNDLE))
     exported.write_bundle(model_only, "en", "de", None)
     cases = [
-        ([text, "--work-dir", work], "give --model-dir (a CTranslate2 export) or --engine fairseq --checkpoint CKPT"),
+        ([text, "--work-dir", work], "give --model-dir (what fairseq-rope-export wrote) or --engine fairseq --checkpoint CKPT"),
         ([text, "--work-dir", tmp_path / "nowhere", "--model-dir", ct2], f"--work-dir {tmp_path / 'nowhere'} is not a directory"),
         ([text, "--model-dir", model_only], "--work-dir is needed to tokenize and BPE raw text"),
         ([text, "--work-dir", work, "--model-dir", tmp_path], f"--model-dir {tmp_path}: not a fairseq-rope-export bundle (no bundle.json)"),
