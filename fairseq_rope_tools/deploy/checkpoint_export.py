@@ -25,7 +25,10 @@ from fairseq_rope_tools.deploy.export_output import (
     write_model_dir,
 )
 from fairseq_rope_tools.deploy.exported import (
+    CTRANSLATE2_MODEL_FORMAT,
     LENGTH_BUCKETS,
+    MODEL_FILES,
+    ONNX_MODEL_FORMAT,
     bucket_overrides,
     bundle_file_names,
     bundle_holds,
@@ -44,14 +47,14 @@ from fairseq_rope_tools.deploy.work_dir import (
 )
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
-#: what fairseq-rope-export writes: a model for the engine of that name (engines.py)
-FORMATS = ("ctranslate2", "onnx")
+#: what fairseq-rope-export writes: a model for the engine that reads that format (engines.py)
+FORMATS = tuple(MODEL_FILES)
 DEFAULT_BUCKET_FACTORS = (1.5, 2.0, 3.0, 4.0)
 PLAIN_BUCKET = "plain"
 
 
 def is_current(output_dir, checkpoint, quantization="none", overrides=None, length_buckets=None, data_bin=None,
-               work_dir=None, model_format="ctranslate2") -> bool:
+               work_dir=None, model_format=CTRANSLATE2_MODEL_FORMAT) -> bool:
     """``output_dir`` is a complete export of this very checkpoint (size and sha256), in the same
     format, with the same quantization, inference overrides and length buckets, and records the
     model's length limits (an export from before they were recorded is not current). Of a
@@ -78,8 +81,9 @@ def is_current(output_dir, checkpoint, quantization="none", overrides=None, leng
         return False
     if not complete or "max_source_positions" not in info:
         return False
-    if (info.get("format", "ctranslate2"), info.get("quantization"), info.get("overrides", {}), info.get("size")) != (
-            model_format, quantization, overrides or {}, os.path.getsize(checkpoint)):
+    recorded = (info.get("format", CTRANSLATE2_MODEL_FORMAT), info.get("quantization"), info.get("overrides", {}),
+                info.get("size"))
+    if recorded != (model_format, quantization, overrides or {}, os.path.getsize(checkpoint)):
         return False
     return info.get("sha256") == checkpoint_identity(checkpoint)["sha256"]
 
@@ -220,17 +224,17 @@ class _Overridden:
 
 def check_format(model_format, quantization="none", length_buckets=None) -> None:
     """UserError for what the ONNX export does not write: quantized weights, length buckets."""
-    if model_format == "onnx" and quantization != "none":
+    if model_format == ONNX_MODEL_FORMAT and quantization != "none":
         raise UserError(f"--quantization {quantization}: the ONNX export writes float32 weights; leave it out with "
                         "--format onnx")
-    if model_format == "onnx" and length_buckets:
+    if model_format == ONNX_MODEL_FORMAT and length_buckets:
         raise UserError("--length-buckets: the ONNX export writes one model; export length buckets with --format "
                         "ctranslate2")
 
 
 def check_exportable_as(model_format, args) -> None:
     """UserError for the options of the model the format cannot represent (ONNX: all of them at once)."""
-    if model_format == "ctranslate2":
+    if model_format == CTRANSLATE2_MODEL_FORMAT:
         check_exportable(args)
         return
     from fairseq_rope_tools.deploy.onnx_graphs import onnx_export_refusals
@@ -241,7 +245,7 @@ def check_exportable_as(model_format, args) -> None:
 
 
 def export(checkpoint, data_bin, output_dir, quantization="none", force=False, overrides=None, length_buckets=None,
-           work_dir=None, model_format="ctranslate2"):
+           work_dir=None, model_format=CTRANSLATE2_MODEL_FORMAT):
     """Convert ``checkpoint`` into the CTranslate2 directory (``model_format`` "onnx": the ONNX
     engine's graphs) ``output_dir``; returns its real path.
     ``overrides``: inference options, as ``--model-overrides`` takes them at generate time.
@@ -278,7 +282,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     weights = None if quantization == "none" else quantization
 
     def writer(model_args):
-        if model_format == "onnx":
+        if model_format == ONNX_MODEL_FORMAT:
             from fairseq_rope_tools.deploy.onnx_graphs import write_onnx_model
 
             def write_onnx(model_dir):
@@ -305,7 +309,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
     def write_single(tmp):
         write_model_dir(tmp, writer(args), info)
         # CTranslate2's bundles declare no format, as before the declaration: older versions read them
-        write_bundle(tmp, src, tgt, segmentation, None if model_format == "ctranslate2" else model_format)
+        write_bundle(tmp, src, tgt, segmentation, None if model_format == CTRANSLATE2_MODEL_FORMAT else model_format)
 
     if not factors:
         return write_export(output_dir, write_single, inputs, force)

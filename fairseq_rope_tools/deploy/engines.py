@@ -256,4 +256,4 @@ FAIRSEQ = register_engine(EngineEntry(
 # --- ONNX Runtime --------------------------------------------------------------------------------------------
 ONNX = register_engine(EngineEntry(
     "onnx", "ONNX Runtime, for an export of --format onnx", opened_by("fairseq_rope_tools.deploy.onnx_engine"),
-    export_format="onnx", checks_vocabulary=True))
+    export_format=exported.ONNX_MODEL_FORMAT, checks_vocabulary=True))

@@ -80,7 +80,7 @@ from fairseq_rope_tools.deploy.checkpoint_export import (
     export,
     is_current,
 )
-from fairseq_rope_tools.deploy.exported import read_bundle
+from fairseq_rope_tools.deploy.exported import CTRANSLATE2_MODEL_FORMAT, read_bundle
 
 
 @command
@@ -96,7 +96,7 @@ def main(argv=None):
     p.add_argument("--output-dir", required=True,
                    help="CTranslate2 model directory to write: a new path (or, with --force, an empty directory "
                         "or an earlier export)")
-    p.add_argument("--format", choices=FORMATS, default="ctranslate2", dest="model_format",
+    p.add_argument("--format", choices=FORMATS, default=CTRANSLATE2_MODEL_FORMAT, dest="model_format",
                    help="ctranslate2 (default): a CTranslate2 model; onnx: the encoder and a decoding step as ONNX "
                         "graphs for --engine onnx, which also takes --rope-cross-attention models (docs/deploy.md)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
@@ -138,7 +138,7 @@ def main(argv=None):
                  args.work_dir, args.model_format)
     kind = f", plain and yarn x{' x'.join(f'{f:g}' for f in buckets)}" if buckets else ""
     held = read_bundle(out)["segmentation"]
-    what = "onnx" if args.model_format == "onnx" else args.quantization
+    what = args.quantization if args.model_format == CTRANSLATE2_MODEL_FORMAT else args.model_format
     print(f"wrote {out} ({what}{kind}): " + (
         f"a bundle with its segmentation ({held['bpe']})" if held else
         "the model only, no work dir of prepare.sh beside --data-bin: raw text will need fairseq-rope-translate "

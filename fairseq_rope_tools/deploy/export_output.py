@@ -10,27 +10,26 @@ import os
 from fairseq_rope_base.files import file_fingerprint, outputs_over_inputs_problem, replace_directory
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.exported import (
+    CTRANSLATE2_MODEL_FORMAT,
     EXPORT_INFO,
     LENGTH_BUCKETS,
+    MODEL_FILES,
     is_bundle_entry,
     read_bucket_manifest,
     read_export_info,
     vocabulary_digests,
 )
-from fairseq_rope_tools.deploy.onnx_engine import ONNX_MODEL_FILES
 
 # what an export holds: CTranslate2's files for a translation model (.txt: older versions), the ONNX
 # engine's, and ours
-EXPORT_FILES = frozenset({"model.bin", "config.json", EXPORT_INFO, *ONNX_MODEL_FILES} | {
+EXPORT_FILES = frozenset({"config.json", EXPORT_INFO, *(name for names in MODEL_FILES.values() for name in names)} | {
     f"{kind}vocabulary.{ext}" for kind in ("", "shared_", "source_", "target_") for ext in ("json", "txt")})
-#: the files without which an export of each format is incomplete
-MODEL_FILES = {"ctranslate2": ("model.bin",), "onnx": ONNX_MODEL_FILES}
 
 
 def has_model_files(directory, info: dict) -> bool:
     """Whether the export ``directory`` holds the model files of the format its export_info.json
     (``info``) records (CTranslate2 for exports from before formats were recorded)."""
-    names = MODEL_FILES.get(info.get("format", "ctranslate2"), ())
+    names = MODEL_FILES.get(info.get("format", CTRANSLATE2_MODEL_FORMAT), ())
     return bool(names) and all(os.path.isfile(os.path.join(directory, name)) for name in names)
 
 

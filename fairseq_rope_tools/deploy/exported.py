@@ -45,6 +45,11 @@ BUNDLE_VERSION = 1
 #: the format of a bundle's model(s) when its manifest declares none: what fairseq-rope-export has always
 #: written, so that every bundle before the declaration reads as what it is
 CTRANSLATE2_MODEL_FORMAT = "ctranslate2"
+ONNX_MODEL_FORMAT = "onnx"
+#: the files an export of each model format cannot do without: CTranslate2's model, or the ONNX
+#: engine's two graphs and what it needs beside them (onnx_graphs.py writes them, onnx_engine.py reads them)
+MODEL_FILES = {CTRANSLATE2_MODEL_FORMAT: ("model.bin",),
+               ONNX_MODEL_FORMAT: ("encoder.onnx", "decoder.onnx", "onnx_model.json")}
 #: the segmentation files of a bundle, by role (the source vocabulary's name ends in the language)
 BUNDLE_SEGMENTATION_FILES = {"codes": "bpe.codes", "vocabulary": "bpe.vocab", "model": "spm.model"}
 

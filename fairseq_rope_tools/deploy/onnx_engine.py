@@ -19,11 +19,10 @@ import numpy as np
 
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
-from fairseq_rope_tools.deploy.exported import read_vocabulary
+from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT, read_vocabulary
 from fairseq_rope_tools.deploy.segmentation import first_line
 
-ENCODER_FILE, DECODER_FILE, MODEL_CONFIG = "encoder.onnx", "decoder.onnx", "onnx_model.json"
-ONNX_MODEL_FILES = (ENCODER_FILE, DECODER_FILE, MODEL_CONFIG)
+ENCODER_FILE, DECODER_FILE, MODEL_CONFIG = MODEL_FILES[ONNX_MODEL_FORMAT]
 COMPUTE_TYPES = ("default", "float32")
 #: fairseq-generate's --min-len: no hypothesis ends at the first step
 MIN_LEN = 1
@@ -43,7 +42,7 @@ class OnnxEngine(Engine):
             raise UserError("--engine onnx: the onnxruntime package is not installed (pip install onnxruntime, "
                             "or run 'make setup')") from None
         model_dir = Path(model_dir)
-        missing = [name for name in (ENCODER_FILE, DECODER_FILE, MODEL_CONFIG) if not (model_dir / name).is_file()]
+        missing = [name for name in MODEL_FILES[ONNX_MODEL_FORMAT] if not (model_dir / name).is_file()]
         if missing:
             raise UserError(f"--model-dir {model_dir} is not an ONNX export (no {', '.join(missing)}): export one "
                             "with fairseq-rope-export --format onnx")

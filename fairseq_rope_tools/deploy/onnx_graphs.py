@@ -37,7 +37,9 @@ from torch import Tensor, nn
 
 from fairseq_rope.model_options import registered_model_name
 from fairseq_rope.modules.rope_scaling import scaling_spec
-from fairseq_rope_tools.deploy.onnx_engine import DECODER_FILE, ENCODER_FILE, MODEL_CONFIG
+from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT
+
+ENCODER_FILE, DECODER_FILE, MODEL_CONFIG = MODEL_FILES[ONNX_MODEL_FORMAT]
 
 OPSET = 17
 
