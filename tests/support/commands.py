@@ -3,7 +3,9 @@ e2e), the checkout's paths, and the badly named directory every test works under
 
 import contextlib
 import io
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,3 +128,21 @@ def fairseq_generate_stdout(args, command=False) -> str:
         os.environ.clear()
         os.environ.update(environment)
     return out.getvalue()
+
+
+def fairseq_generate_test_set(data_bin, checkpoint, beam, *extra, command=False):
+    """{sentence id: (source, hypothesis, reference, log-probabilities, score)} as fairseq-generate
+    prints them for the test set of ``data_bin`` (lenpen 0.6, batches of 64, ``extra`` flags):
+    tokens, the natural log-probability of each hypothesis token and its </s> (printed in base 2,
+    to 4 decimals) and the hypothesis' score (natural log, as the engines give theirs). Decoded by
+    the command itself (``command``) or by its main in this process (:func:`fairseq_generate_stdout`)."""
+    from fairseq_rope_tools.cli import plugin_dir
+
+    out = fairseq_generate_stdout([data_bin, "--user-dir", plugin_dir(), "--path", checkpoint, "--cpu", "--beam", beam,
+                                   "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra], command)
+    lines = {kind: {int(m[1]): m[2] for m in re.finditer(rf"^{kind}-(\d+)\t(.*)$", out, re.M)} for kind in "SHTP"}
+    assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys() == lines["P"].keys()
+    scored = {i: line.split("\t", 1) for i, line in lines["H"].items()}  # the score, then the tokens
+    return {i: (lines["S"][i].split(), scored[i][1].split(), lines["T"][i].split(),
+                [float(p) * math.log(2) for p in lines["P"][i].split()], float(scored[i][0]) * math.log(2))
+            for i in lines["S"]}

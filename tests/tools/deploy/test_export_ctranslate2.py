@@ -4,15 +4,14 @@ the sinusoidal baseline); a wrong rotary setting breaks that; unsupported models
 before anything is written."""
 
 import json
-import math
 import re
 
 import pytest
 from support.checkpoints import train_tiny
-from support.commands import fairseq_generate_stdout, run_cli, run_cli_streaming
+from support.commands import fairseq_generate_test_set, run_cli, run_cli_streaming
 from support.models import model_with_dictionary
 
-from fairseq_rope_tools.cli import UserError, plugin_dir
+from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy import checkpoint_export as exporter
 from fairseq_rope_tools.deploy import ctranslate2_spec
 from fairseq_rope_tools.deploy.exported import EXPORT_INFO
@@ -36,21 +35,6 @@ def trained(tiny_data_bin, tmp_path_factory):
     return data_bin, {name: train_tiny(data_bin, root / name, *flags) for name, flags in MODELS.items()}
 
 
-def fairseq_generate(data_bin, checkpoint, beam, *extra, command=False):
-    """{sentence id: (source, hypothesis, reference, log-probabilities)} as fairseq-generate prints
-    them: tokens, and the natural log-probability of each hypothesis token and its </s> (printed in
-    base 2, to 4 decimals). Decoded by the command itself (``command``) or by its main in this
-    process (the same code, without an interpreter's start)."""
-    args = [data_bin, "--user-dir", plugin_dir(), "--path", checkpoint, "--cpu",
-            "--beam", beam, "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra]
-    out = fairseq_generate_stdout(args, command)
-    lines = {kind: {int(m[1]): m[2].split() for m in re.finditer(rf"^{kind}-(\d+)\t(?:\S+\t)?(.*)$", out, re.M)}
-             for kind in "SHTP"}
-    assert lines["S"] and lines["S"].keys() == lines["H"].keys() == lines["T"].keys() == lines["P"].keys()
-    return {i: (lines["S"][i], lines["H"][i], lines["T"][i], [float(p) * math.log(2) for p in lines["P"][i]])
-            for i in lines["S"]}
-
-
 def ct2_translate(model_dir, sources, beam):
     translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
     results = translator.translate_batch(sources, beam_size=beam, length_penalty=0.6, max_decoding_length=256)
@@ -62,7 +46,7 @@ def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra, command=Fa
     (``command``: fairseq-generate run as a command, not in-process)."""
     from sacrebleu.metrics import BLEU
 
-    fairseq = fairseq_generate(data_bin, checkpoint, beam, *generate_extra, command=command)
+    fairseq = fairseq_generate_test_set(data_bin, checkpoint, beam, *generate_extra, command=command)
     ids = sorted(fairseq)
     ct2 = ct2_translate(model_dir, [fairseq[i][0] for i in ids], beam)
     same = sum(fairseq[i][1] == hyp for i, hyp in zip(ids, ct2)) / len(ids)
@@ -99,8 +83,8 @@ def test_linear_scaling_at_export_equals_the_generate_time_override(trained, tmp
     override = ["--model-overrides", "{'rope_scaling': 'linear', 'rope_scaling_factor': 2.0}"]
     same, fairseq_bleu, ct2_bleu = agreement(data_bin, checkpoints["rope"], out, 1, *override)
     assert same == 1.0
-    unscaled = fairseq_generate(data_bin, checkpoints["rope"], 1)
-    scaled = fairseq_generate(data_bin, checkpoints["rope"], 1, *override)
+    unscaled = fairseq_generate_test_set(data_bin, checkpoints["rope"], 1)
+    scaled = fairseq_generate_test_set(data_bin, checkpoints["rope"], 1, *override)
     assert any(unscaled[i][1] != scaled[i][1] for i in unscaled)  # the scaling changes something
 
 

@@ -6,15 +6,14 @@ reason at once, before anything is written."""
 
 import hashlib
 import json
-import math
 import re
 
 import pytest
 from support.checkpoints import train_tiny
-from support.commands import fairseq_generate_stdout, run_cli, translate_in_process
+from support.commands import fairseq_generate_test_set, run_cli, translate_in_process
 from support.models import model_with_dictionary
 
-from fairseq_rope_tools.cli import UserError, plugin_dir
+from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy import checkpoint_export as exporter
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.onnx_engine import OnnxEngine
@@ -37,30 +36,17 @@ def trained(tiny_data_bin, tmp_path_factory):
     return data_bin, {name: train_tiny(data_bin, root / name, *flags) for name, flags in MODELS.items()}
 
 
-def generated(data_bin, checkpoint, beam, *extra, command=False):
-    """{sentence id: (source tokens, hypothesis tokens, reference tokens, score)} as fairseq-generate
-    prints them (the score in natural log, as the engines give it)."""
-    out = fairseq_generate_stdout([data_bin, "--user-dir", plugin_dir(), "--path", checkpoint, "--cpu", "--beam", beam,
-                                   "--lenpen", "0.6", "--batch-size", "64", "--gen-subset", "test", *extra], command)
-    sources = {int(m[1]): m[2].split() for m in re.finditer(r"^S-(\d+)\t(.*)$", out, re.M)}
-    references = {int(m[1]): m[2].split() for m in re.finditer(r"^T-(\d+)\t(.*)$", out, re.M)}
-    hypotheses = {int(m[1]): (m[3].split(), float(m[2]) * math.log(2))
-                  for m in re.finditer(r"^H-(\d+)\t(\S+)\t(.*)$", out, re.M)}
-    assert sources and sources.keys() == hypotheses.keys() == references.keys()
-    return {i: (sources[i], *hypotheses[i][:1], references[i], hypotheses[i][1]) for i in sources}
-
-
 def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra, command=False):
     """Share of identical hypotheses, the largest score difference among them, and corpus BLEU of
     fairseq-generate and of the ONNX engine against the references."""
     from sacrebleu.metrics import BLEU
 
-    fairseq = generated(data_bin, checkpoint, beam, *generate_extra, command=command)
+    fairseq = fairseq_generate_test_set(data_bin, checkpoint, beam, *generate_extra, command=command)
     ids = sorted(fairseq)
     engine = OnnxEngine(model_dir, Decoding(beam, 0.6, 200, 1))
     onnx = [hypotheses[0] for hypotheses in engine.translate([fairseq[i][0] for i in ids])]
     same = [i for i, hypothesis in zip(ids, onnx) if hypothesis.tokens == fairseq[i][1]]
-    score_gap = max(abs(h.score - fairseq[i][3]) for i, h in zip(ids, onnx) if i in same)
+    score_gap = max(abs(h.score - fairseq[i][4]) for i, h in zip(ids, onnx) if i in same)
     refs = [[" ".join(fairseq[i][2]) for i in ids]]
     bleu = BLEU(tokenize="none")
     return (len(same) / len(ids), score_gap, bleu.corpus_score([" ".join(fairseq[i][1]) for i in ids], refs).score,

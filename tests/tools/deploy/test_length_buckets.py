@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 import torch
-from support.commands import run_cli, translate_in_process
-from test_export_ctranslate2 import EXPORT, agreement, ct2_translate, fairseq_generate
+from support.commands import fairseq_generate_test_set, run_cli, translate_in_process
+from test_export_ctranslate2 import EXPORT, agreement, ct2_translate
 
 from fairseq_rope.modules.rotary import inverse_frequencies, yarn_frequencies
 from fairseq_rope_tools.deploy import checkpoint_export as exporter
@@ -237,7 +237,7 @@ def test_each_bucket_decodes_as_fairseq_generate_with_its_yarn_factor(trained, r
     data_bin, checkpoint = trained
     manifest = read_bucket_manifest(ramp_buckets)
     assert [b["factor"] for b in manifest["buckets"]] == [1.0, *FACTORS] and manifest["training_length"] == RAMP_L
-    plain = fairseq_generate(data_bin, checkpoint, 1)
+    plain = fairseq_generate_test_set(data_bin, checkpoint, 1)
     for s in FACTORS:
         bucket = ramp_buckets / f"yarn_x{s:g}"
         same, _, _ = agreement(data_bin, checkpoint, bucket, 1, *yarn_override(s))
@@ -259,7 +259,7 @@ def test_yarn_keeps_its_logit_temperature_at_a_factor_close_to_one(trained, tmp_
     data_bin, checkpoint = trained
     out = exporter.export(str(checkpoint), str(data_bin), str(tmp_path / "yarn_x1.1"), overrides={
         "rope_scaling": "yarn", "rope_scaling_factor": 1.1, "rope_scaling_original_length": RAMP_L})
-    fairseq = fairseq_generate(data_bin, checkpoint, 1, *yarn_override(1.1))
+    fairseq = fairseq_generate_test_set(data_bin, checkpoint, 1, *yarn_override(1.1))
     ids = sorted(fairseq)
     sources, hypotheses = [fairseq[i][0] for i in ids], [fairseq[i][1] for i in ids]
     assert ct2_translate(out, sources, 1) == hypotheses
