@@ -11,6 +11,7 @@ can beat the finished ones, or early_stopping), so its hypotheses can differ fro
 fairseq-generate's (docs/deploy.md).
 """
 
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -29,9 +30,13 @@ MIN_LEN = 1
 
 
 class OnnxEngine(Engine):
-    """``model_dir`` decoded with ``decoding`` on the CPU with ``threads`` intra-op threads.
-    Refuses, as UserError, what would fail later: no ONNX export there, a device or compute type
-    it does not run, graphs ONNX Runtime cannot load."""
+    """``model_dir`` decoded with ``decoding`` on the CPU with ``threads`` threads: a batch is
+    split into ``threads`` parts (every ``threads``-th sentence, so that each part has the
+    batch's lengths) decoded side by side, each with one ONNX Runtime thread, as CTranslate2's
+    inter_threads decode its batches (ONNX Runtime's own intra-op threads gain little on the
+    small matrices of a decoding step: docs/deploy.md). Refuses, as UserError, what would fail
+    later: no ONNX export there, a device or compute type it does not run, graphs ONNX Runtime
+    cannot load."""
 
     name = "onnx"
 
@@ -70,9 +75,8 @@ class OnnxEngine(Engine):
         for index, token in enumerate(source):
             self.source_index.setdefault(token, index)
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        # idle pool threads sleep instead of spinning: spinning ones take the cores a busy host needs
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # no thread pool (none to spin on a busy host): a run computes in the thread that calls it
+        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
         try:
             self.encoder, self.decoder = (
                 onnxruntime.InferenceSession(str(model_dir / name), options, providers=["CPUExecutionProvider"])
@@ -80,12 +84,26 @@ class OnnxEngine(Engine):
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types on a bad graph
             raise UserError(f"--model-dir {model_dir}: ONNX Runtime cannot load its graphs ({first_line(e)}): export "
                             "it again with fairseq-rope-export --format onnx") from None
-        self.decoding = decoding
+        self.decoding, self.threads = decoding, threads
+        # ONNX Runtime and numpy's larger operations release the GIL: the parts decode in parallel
+        self.workers = concurrent.futures.ThreadPoolExecutor(threads - 1, "onnx") if threads > 1 else None
         self.cache_names = [f"self_{kind}_{layer}" for layer in range(self.layers) for kind in ("keys", "values")]
         self.cross_names = [f"cross_{kind}_{layer}" for layer in range(self.layers) for kind in ("keys", "values")]
 
     def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
         decoding = decoding or self.decoding
+        parts = min(self.threads, len(batch))
+        if parts <= 1:
+            return self._translate(batch, decoding)
+        # the caller's thread decodes the first part, the pool the others
+        others = [self.workers.submit(self._translate, batch[k::parts], decoding) for k in range(1, parts)]
+        decoded = [self._translate(batch[0::parts], decoding)] + [future.result() for future in others]
+        results: List[List[Hypothesis]] = [[] for _ in batch]
+        for k, part in enumerate(decoded):
+            results[k::parts] = part
+        return results
+
+    def _translate(self, batch: List[List[str]], decoding: Decoding) -> List[List[Hypothesis]]:
         ids = [[self.source_index.get(token, self.unk) for token in source] + [self.eos] for source in batch]
         src_tokens = np.full((len(ids), max(map(len, ids))), self.pad, dtype=np.int64)
         for row, sentence in enumerate(ids):  # left-padded, as fairseq batches sources

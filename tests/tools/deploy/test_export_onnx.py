@@ -43,8 +43,12 @@ def agreement(data_bin, checkpoint, model_dir, beam, *generate_extra, command=Fa
 
     fairseq = fairseq_generate_test_set(data_bin, checkpoint, beam, *generate_extra, command=command)
     ids = sorted(fairseq)
-    engine = OnnxEngine(model_dir, Decoding(beam, 0.6, 200, 1))
-    onnx = [hypotheses[0] for hypotheses in engine.translate([fairseq[i][0] for i in ids])]
+    sources, decoding = [fairseq[i][0] for i in ids], Decoding(beam, 0.6, 200, 1)
+    onnx, two_threads = ([hypotheses[0] for hypotheses in
+                          OnnxEngine(model_dir, decoding, threads=threads).translate(sources)] for threads in (1, 2))
+    # two threads decode every other sentence each, side by side: the same hypotheses
+    assert [h.tokens for h in two_threads] == [h.tokens for h in onnx]
+    assert max(abs(a.score - b.score) for a, b in zip(onnx, two_threads)) < 1e-5
     same = [i for i, hypothesis in zip(ids, onnx) if hypothesis.tokens == fairseq[i][1]]
     score_gap = max(abs(h.score - fairseq[i][4]) for i, h in zip(ids, onnx) if i in same)
     refs = [[" ".join(fairseq[i][2]) for i in ids]]
