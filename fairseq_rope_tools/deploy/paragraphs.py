@@ -6,9 +6,10 @@ back into one line, in order.
 sentencex loads when a line is split, and never torch or fairseq.
 """
 
-from typing import List
+from typing import Callable, List, Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError
+from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Hypothesis
 
 #: the bytes of a line read whole to be split (beyond, --too-long-sentence applies to the whole line,
@@ -29,6 +30,39 @@ def sentence_splitter(language: str):
         return [sentence.strip() for sentence in sentencex.segment(language, text) if sentence.strip()]
 
     return split
+
+
+def add_sentences_per_input_argument(p, what: str) -> None:
+    """--max-sentences-per-input, of fairseq-rope-translate (``what``: "line") and -serve ("text")."""
+    p.add_argument("--max-sentences-per-input", type=int, metavar="N",
+                   help=f"with --too-long split: translate a {what} of more than N sentences N at a time, joined "
+                        "back (1: each sentence alone, the sentence-split oracle; a model trained on joined pairs "
+                        "takes more)")
+
+
+def check_sentences_per_input(p, args) -> None:
+    """parser error for a --max-sentences-per-input below 1 or without --too-long split."""
+    if args.max_sentences_per_input is not None and (args.max_sentences_per_input < 1 or args.too_long != "split"):
+        p.error(f"--max-sentences-per-input {args.max_sentences_per_input}: give a number >= 1, with --too-long split")
+
+
+def sentence_groups(sentences: List[str], size: int, segment: Callable[[str], List[str]],
+                    limit: Optional[int]) -> List[Tuple[int, str, Optional[List[str]]]]:
+    """The sources of a text split into ``sentences``, ``size`` of them joined at a time: (the
+    index of its first sentence, its text, its tokens); a group that does not fit in ``limit`` as
+    its sentences, one by one, each with tokens None (the caller segments and checks a sentence
+    by its own rule). A group that cannot fit whatever its segmentation is not segmented."""
+    groups = []
+    for start in range(0, len(sentences), size):
+        group = sentences[start:start + size]
+        if len(group) > 1:
+            text = " ".join(group)
+            tokens = None if certainly_too_long(text, limit) else segment(text)
+            if tokens is not None and fits(tokens, limit):
+                groups.append((start, text, tokens))
+                continue
+        groups += [(start + k, sentence, None) for k, sentence in enumerate(group)]
+    return groups
 
 
 def joined(pieces: List[List[Hypothesis]], nbest: int) -> List[Hypothesis]:

@@ -22,7 +22,8 @@ came (fairseq_rope_tools/deploy/request_batcher.py). A request the server cannot
 at once with a 4xx (503 and Retry-After for a full queue, decided before any text is segmented)
 and a one-line JSON ``{"error": "..."}`` naming the problem (docs/deploy.md lists them); the
 server goes on serving. A text longer than the model takes is split into sentences, translated
-and joined back (--too-long split, the default; --too-long refuse: 413). Segmentation and
+and joined back (--too-long split, the default; --too-long refuse: 413; with
+--max-sentences-per-input N, any text of more than N sentences, N at a time). Segmentation and
 detokenisation run in a thread of their own, decoding in another: the event loop only reads and
 answers. --max-connections, --head-timeout, --body-timeout and --keepalive-timeout bound what a
 client holds; a client that goes away is logged as such, and its sentences leave the queue.
@@ -57,6 +58,7 @@ from typing import Optional
 from fairseq_rope_tools.cli import ArgumentParser, UserError, command, sayer
 from fairseq_rope_tools.deploy import engines, model_setup
 from fairseq_rope_tools.deploy.batching import add_too_long_arguments
+from fairseq_rope_tools.deploy.paragraphs import add_sentences_per_input_argument, check_sentences_per_input
 from fairseq_rope_tools.deploy.request_batcher import QueueFull, RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import first_line
 from fairseq_rope_tools.deploy.service_requests import RequestError, read_request, shown
@@ -92,6 +94,7 @@ def parse_args(argv):
     p.add_argument("--port", type=int, default=8080, help="the port to listen on (8080; 0: any free port, printed)")
     model_setup.add_model_arguments(p, engines.served_engines())  # those that read a bundle
     add_too_long_arguments(p, ("refuse", "split"), "split", ("refuse", "skip"), refusal="413")
+    add_sentences_per_input_argument(p, "text")
     p.add_argument("--max-beam", type=int, default=8, help="the largest beam_size a request may ask for (8)")
     p.add_argument("--max-batch-size", type=int, default=64,
                    help="sentences decoded together, from one request or several (64, as fairseq-rope-translate's "
@@ -129,6 +132,7 @@ def parse_args(argv):
                                               ("max_lines", 1), ("max_body_bytes", 1), ("max_connections", 1)))
     if args.beam > args.max_beam:
         p.error(f"--beam {args.beam}: the default beam size must be at most --max-beam {args.max_beam}")
+    check_sentences_per_input(p, args)
     if args.max_lines > args.max_queue:  # such a request could never be queued: a 503 that never clears
         p.error(f"--max-lines {args.max_lines} must be at most --max-queue {args.max_queue}")
     if not 0 <= args.port <= 65535:

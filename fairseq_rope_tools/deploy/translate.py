@@ -87,7 +87,14 @@ from fairseq_rope_tools.deploy.batching import (
 from fairseq_rope_tools.deploy.engine import Decoding
 from fairseq_rope_tools.deploy.model_setup import ModelSetup, add_model_arguments, check_model, check_model_arguments
 from fairseq_rope_tools.deploy.output import OutputFormat
-from fairseq_rope_tools.deploy.paragraphs import PARAGRAPH_BYTES, rejoined, sentence_splitter
+from fairseq_rope_tools.deploy.paragraphs import (
+    PARAGRAPH_BYTES,
+    add_sentences_per_input_argument,
+    check_sentences_per_input,
+    rejoined,
+    sentence_groups,
+    sentence_splitter,
+)
 from fairseq_rope_tools.deploy.segmentation import OUTPUT_FORMATS, Segmenter
 from fairseq_rope_tools.text_lines import OverlongLine
 from fairseq_rope_tools.text_steps import CommandLineReader
@@ -138,10 +145,7 @@ def parse_args(argv):
                    help="detok: Moses-detokenized text (default); tok: tokenized, BPE removed (as "
                         "evaluate.sh's hyp.tok.TGT); bpe: the model's tokens")
     add_too_long_arguments(p)
-    p.add_argument("--max-sentences-per-input", type=int, metavar="N",
-                   help="with --too-long split: translate a line of more than N sentences N at a time, joined "
-                        "back (1: each sentence alone, the sentence-split oracle; a model trained on joined pairs "
-                        "takes more)")
+    add_sentences_per_input_argument(p, "line")
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="replace invalid UTF-8 bytes in the input with U+FFFD instead of stopping")
     p.add_argument("--quiet", action="store_true",
@@ -153,8 +157,7 @@ def parse_args(argv):
         p.error(f"--nbest {args.nbest}: beam search keeps --beam {args.beam} hypotheses; give --nbest at most --beam")
     if args.too_long == "split" and args.input_format != "raw":
         p.error("--too-long split splits raw text into sentences: it needs --input-format raw")
-    if args.max_sentences_per_input is not None and (args.max_sentences_per_input < 1 or args.too_long != "split"):
-        p.error(f"--max-sentences-per-input {args.max_sentences_per_input}: give a number >= 1, with --too-long split")
+    check_sentences_per_input(p, args)
     if not 0 <= args.flush_after < float("inf"):
         p.error(f"--flush-after must be a number of seconds >= 0, not {args.flush_after}")
     return args
@@ -229,16 +232,8 @@ def main(argv=None):
     def grouped_sources(number, sentences):
         """The sources of a line split into ``sentences``: --max-sentences-per-input of them at a
         time (else one), a group that does not fit as its sentences one by one."""
-        size = per_input or 1
-        sources = []
-        for start in range(0, len(sentences), size):
-            group = sentences[start:start + size]
-            tokens = segment(" ".join(group))
-            if fits(tokens, limit.limit) or len(group) == 1:
-                sources.append(limit.apply(number, tokens))
-            else:
-                sources += [limit.apply(number, segment(sentence)) for sentence in group]
-        return sources
+        return [limit.apply(number, segment(text) if tokens is None else tokens)
+                for _, text, tokens in sentence_groups(sentences, per_input or 1, segment, limit.limit)]
 
     def translated(numbered_lines, progress=False):
         """Output lines, input lines, sentences translated and decoding seconds of (number, line)

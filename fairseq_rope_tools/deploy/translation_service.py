@@ -12,7 +12,7 @@ from fairseq_rope_tools.deploy.batching import certainly_too_long, fits
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
 from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.output import texts_per_line
-from fairseq_rope_tools.deploy.paragraphs import rejoined, sentence_splitter
+from fairseq_rope_tools.deploy.paragraphs import rejoined, sentence_groups, sentence_splitter
 from fairseq_rope_tools.deploy.request_batcher import RequestBatcher
 from fairseq_rope_tools.deploy.segmentation import Segmenter
 from fairseq_rope_tools.deploy.service_requests import RequestError
@@ -60,24 +60,28 @@ class Service:
         one, or with --too-long split one per sentence of a text too long (None: one left out,
         --too-long-sentence skip). RequestError for a text or sentence longer than the model takes."""
         limit = self.engine.max_source
+        per_input = self.args.max_sentences_per_input
         sources, pieces = [], []
         for i, sentence in enumerate(sentences):
             tokens = None if certainly_too_long(sentence, limit) else self.segment(sentence)
-            if tokens is not None and fits(tokens, limit):
+            fitting = tokens is not None and fits(tokens, limit)
+            parts = self.split(sentence) if self.split is not None and (per_input or not fitting) else None
+            if fitting and (parts is None or len(parts) <= per_input):
                 text_sources = [tokens]
-            elif self.split is None:
+            elif parts is None:
                 self._refuse_if_certainly_too_long(sentence, f'"text"[{i}]')
                 raise RequestError(413, f'"text"[{i}] is {len(tokens)} BPE tokens long; the model takes at most '
                                         f"{limit - 1} (--max-source-positions): split the sentence")
             else:
                 self.split_texts += 1
-                parts = self.split(sentence)
                 if len(sources) + len(parts) + len(sentences) - i - 1 > self.args.max_lines:  # before any is segmented
                     raise RequestError(413, f'"text"[{i}] splits into {len(parts)} sentences: with the request\'s '
                                             f"others, more than the {self.args.max_lines} the server takes in one "
                                             "request (--max-lines): send fewer")
-                whose = [f"'s sentence {k}" if len(parts) > 1 else "" for k in range(1, len(parts) + 1)]
-                text_sources = [self._sentence_source(part, f'"text"[{i}]{of}') for part, of in zip(parts, whose)]
+                text_sources = []  # --max-sentences-per-input of them at a time (else one)
+                for k, text, tokens in sentence_groups(parts, per_input or 1, self.segment, limit):
+                    of = f"'s sentence {k + 1}" if len(parts) > 1 else ""
+                    text_sources.append(self._sentence_source(text, f'"text"[{i}]{of}') if tokens is None else tokens)
                 self.sentences_left_out += text_sources.count(None)
             pieces.append(range(len(sources), len(sources) + len(text_sources)))
             sources += text_sources

@@ -509,3 +509,39 @@ def test_a_text_too_long_is_split_into_sentences_and_joined_back(flags):
                                                     "send fewer"})
     assert metrics == {"fairseq_rope_split_texts_total": "3.0",
                        "fairseq_rope_sentences_left_out_total": "1.0" if flags else "0.0"}
+
+
+# the model reverses its tokens and takes 4: the first text fits, the others do not; in the last,
+# the first two sentences together do not either
+@pytest.mark.parametrize("per_input, translations", [
+    (None, ["home Go there. Hi", "home. Go down. Sit now Eat", "now. home Go down. Sit Eat"]),
+    ("1", ["there. Hi home Go", "home. Go down. Sit now Eat", "now. home Go down. Sit Eat"]),
+    ("2", ["home Go there. Hi", "down. Sit home. Go now Eat", "now. home Go down. Sit Eat"]),
+])
+def test_texts_of_more_sentences_than_max_sentences_per_input_go_that_many_at_a_time(per_input, translations):
+    """--max-sentences-per-input N (with --too-long split): a text of more than N sentences is
+    translated N sentences at a time and joined back, whether or not it fits whole; a group that
+    does not fit goes sentence by sentence; as fairseq-rope-translate's flag (one declaration)."""
+    flags = ["--max-sentences-per-input", per_input] if per_input else []
+    service = ShortModelService(serve.parse_args(["--model-dir", "unused", "--port", "0", *flags]))
+    server = serve.Server(service, "127.0.0.1", 0, shutdown_timeout=10)
+    seen = {}
+
+    def client():
+        assert server.listening.wait(timeout=30)
+        wait_until(lambda: http(server.port, "GET", "/ready")[0] == 200, "ready")
+        seen["answer"] = http(server.port, "POST", "/translate",
+                              {"text": ["Hi there. Go home", "Go home. Sit down. Eat now", "Go home now. Sit down. Eat"]})
+
+    serve_until_done(server, client)
+    assert seen["answer"][::2] == (200, {"translations": translations})
+
+
+@pytest.mark.parametrize("flags", [["--max-sentences-per-input", "0"], ["--max-sentences-per-input", "2",
+                                                                        "--too-long", "refuse"]])
+def test_max_sentences_per_input_needs_a_positive_number_and_split(flags, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        serve.parse_args(["--model-dir", "m", *flags])
+    assert stopped.value.code == 2
+    assert f"error: --max-sentences-per-input {flags[1]}: give a number >= 1, with --too-long split" in \
+        capsys.readouterr().err
