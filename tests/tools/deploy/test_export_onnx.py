@@ -1,5 +1,5 @@
 """fairseq-rope-export --format onnx and the ONNX Runtime engine: every model it takes -- plain
-RoPE, RoPE in the encoder-decoder attention with the half layout and partial rotation, a static
+RoPE, RoPE in the encoder-decoder attention with the half layout and partial rotation, every static
 scaling, the sinusoidal baseline -- translates as fairseq-generate does (greedy on every sentence,
 beam search on nearly every one, with its scores); what the graphs cannot compute is refused, every
 reason at once, before anything is written."""
@@ -76,15 +76,19 @@ def test_the_onnx_export_translates_like_fairseq_generate(trained, tmp_path, nam
 
 
 @pytest.mark.e2e
-def test_a_static_scaling_at_export_equals_the_generate_time_override(trained, tmp_path):
+@pytest.mark.parametrize("scaling", [  # every static scaling
+    {"rope_scaling": "linear", "rope_scaling_factor": 2.0},
+    {"rope_scaling": "ntk", "rope_scaling_factor": 4.0},
+    {"rope_scaling": "yarn", "rope_scaling_factor": 2.0, "rope_scaling_original_length": 10},
+], ids=lambda scaling: scaling["rope_scaling"])
+def test_a_static_scaling_at_export_equals_the_generate_time_override(trained, tmp_path, scaling):
     data_bin, checkpoints = trained
-    scaling = {"rope_scaling": "yarn", "rope_scaling_factor": 2.0, "rope_scaling_original_length": 10}
-    exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "yarn"), overrides=scaling,
+    exporter.export(str(checkpoints["rope"]), str(data_bin), str(tmp_path / "scaled"), overrides=scaling,
                     model_format="onnx")
-    same, score_gap, _, _ = agreement(data_bin, checkpoints["rope"], tmp_path / "yarn", 1, "--model-overrides",
+    same, score_gap, _, _ = agreement(data_bin, checkpoints["rope"], tmp_path / "scaled", 1, "--model-overrides",
                                       str(scaling))
     assert same == 1.0 and score_gap < 1e-4
-    plain, _, _, _ = agreement(data_bin, checkpoints["rope"], tmp_path / "yarn", 1)
+    plain, _, _, _ = agreement(data_bin, checkpoints["rope"], tmp_path / "scaled", 1)
     assert plain < 1.0  # the scaling changed the translations: the comparison can tell
 
 
