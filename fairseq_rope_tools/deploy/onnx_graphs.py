@@ -109,7 +109,15 @@ class _Attention(nn.Module):
         self.rotation = rotation if getattr(attention, "rotary", None) is not None else None
 
     def split(self, x: Tensor) -> Tensor:  # (rows[, time], embed) -> (rows, time, heads, head_dim)
+        if x.dim() == 2:  # a decoding step's: a constant shape, no shape arithmetic in the graph
+            return x.view(-1, 1, self.heads, self.head_dim)
         return x.view(x.size(0), -1, self.heads, self.head_dim)
+
+    def join(self, out: Tensor, like: Tensor) -> Tensor:
+        """(rows, heads, time, head_dim) -> ``like``'s shape, heads joined, and projected."""
+        out = out.transpose(1, 2)
+        out = out.reshape(-1, self.heads * self.head_dim) if like.dim() == 2 else out.reshape(like.shape)
+        return self.attention.out_proj(out)
 
     def keys_and_values(self, x: Tensor, positions: Optional[Tensor]):
         """Keys (rotated by ``positions`` when rotary) and values, (rows, heads, time, head_dim)."""
@@ -132,16 +140,16 @@ class _Attention(nn.Module):
         if mask is not None:
             scores = scores + mask
         out = torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
-        return self.attention.out_proj(out.transpose(1, 2).reshape(like.shape))
+        return self.join(out, like)
 
     def attend_shared(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, like: Tensor) -> Tensor:
         """:meth:`attend` of one query per row, rows k.size(0) groups of beams that share one copy of
         their sentence's keys and values (the beams of a sentence are consecutive rows)."""
-        sentences, heads, _, head_dim = k.shape
-        q = q.reshape(sentences, -1, heads, head_dim).transpose(1, 2)  # (sentences, heads, beams, head_dim)
+        # the sentences counted on the mask, which every layer shares: one shape computation in the graph
+        q = q.reshape(mask.size(0), -1, self.heads, self.head_dim).transpose(1, 2)  # (sentences, heads, beams, dim)
         scores = torch.matmul(q, k.transpose(-1, -2)) + mask
         out = torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
-        return self.attention.out_proj(out.transpose(1, 2).reshape(like.shape))
+        return self.join(out, like)
 
 
 def _rotation(attentions, length: int) -> Optional[_Rotation]:
