@@ -3,9 +3,14 @@ ones, and fairseq-rope-average's one-line refusals."""
 
 import argparse
 import collections
+import hashlib
+import json
+import os
+import shutil
 
 import pytest
 import torch
+from filelock import FileLock
 
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 from support.commands import run_cli
@@ -62,6 +67,29 @@ def train_tiny(data_bin, save_dir, *flags, max_update=150):
              "--seed", "1", "--criterion", "cross_entropy", "--disable-validation", "--no-epoch-checkpoints",
              "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"])
     return save_dir / "checkpoint_last.pt"
+
+
+def shared_tiny_model(tmp_path_factory, data_bin, *flags):
+    """:func:`train_tiny`'s checkpoint for ``flags``, trained once in a test run by the first pytest
+    worker that asks (the others wait for it, then read it): the export tests of two modules train
+    the same models on the same corpus, whose data-bin every worker builds alike (its files are in
+    the key). Read it only: every worker shares it."""
+    key = hashlib.sha256(json.dumps([str(flag) for flag in flags]).encode())
+    for name in sorted(os.listdir(data_bin)):
+        if name.endswith((".txt", ".bin", ".idx")):  # not fairseq-preprocess's log, which names the worker's paths
+            key.update(name.encode() + (data_bin / name).read_bytes())
+    # the run's own directory: under xdist the parent of each worker's, else this process's
+    run_dir = tmp_path_factory.getbasetemp()
+    root = (run_dir.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_dir) / "shared_tiny_models"
+    root.mkdir(exist_ok=True)
+    model_dir = root / key.hexdigest()[:16]
+    with FileLock(str(model_dir) + ".lock"):
+        if not (model_dir / "checkpoint_last.pt").is_file():
+            partial = model_dir.with_suffix(".partial")  # a worker killed midway leaves no model behind
+            shutil.rmtree(partial, ignore_errors=True)
+            train_tiny(data_bin, partial, *flags)
+            partial.rename(model_dir)
+    return model_dir / "checkpoint_last.pt"
 
 
 def updates_in(path) -> int:

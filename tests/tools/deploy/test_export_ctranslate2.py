@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from support.checkpoints import train_tiny
+from support.checkpoints import shared_tiny_model
 from support.commands import fairseq_generate_test_set, run_cli, run_cli_streaming
 from support.models import model_with_dictionary
 
@@ -31,8 +31,8 @@ MODELS = {  # name -> training flags (reversal needs positions: a wrong rotation
 
 @pytest.fixture(scope="module")
 def trained(tiny_data_bin, tmp_path_factory):
-    data_bin, root = tiny_data_bin / "data-bin", tmp_path_factory.mktemp("ct2_models")
-    return data_bin, {name: train_tiny(data_bin, root / name, *flags) for name, flags in MODELS.items()}
+    data_bin = tiny_data_bin / "data-bin"
+    return data_bin, {name: shared_tiny_model(tmp_path_factory, data_bin, *flags) for name, flags in MODELS.items()}
 
 
 def ct2_translate(model_dir, sources, beam):
