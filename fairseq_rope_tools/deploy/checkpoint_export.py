@@ -300,8 +300,7 @@ def export(checkpoint, data_bin, output_dir, quantization="none", force=False, o
         return lambda model_dir: _Converter().convert(model_dir, quantization=weights)
 
     info = dict(identity, format=model_format, data_bin=os.path.realpath(data_bin), quantization=quantization,
-                arch=args.arch,
-                overrides=overrides or {}, max_source_positions=args.max_source_positions,
+                arch=args.arch, overrides=overrides or {}, max_source_positions=args.max_source_positions,
                 max_target_positions=args.max_target_positions, init_from=getattr(args, ORIGIN, None),
                 training_length=training_length(args) if registered_model_name(args.arch) == "transformer_rope"
                 else None)

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fairseq_rope_base.files import file_fingerprint
 from fairseq_rope_tools.deploy.bundle_files import files_inside, is_directory_name, outside, read_record
@@ -50,6 +50,18 @@ ONNX_MODEL_FORMAT = "onnx"
 #: engine's two graphs and what it needs beside them (onnx_graphs.py writes them, onnx_engine.py reads them)
 MODEL_FILES = {CTRANSLATE2_MODEL_FORMAT: ("model.bin",),
                ONNX_MODEL_FORMAT: ("encoder.onnx", "decoder.onnx", "onnx_model.json")}
+
+
+def onnx_step_cache_names(layers: int) -> Tuple[List[str], List[str]]:
+    """The ONNX decoding step's per-layer inputs, as onnx_graphs.py names them and onnx_engine.py
+    feeds them: the self-attention caches and the encoder-decoder keys and values (each layer's
+    keys, then its values)."""
+    def per_layer(attention):
+        return [f"{attention}_{kind}_{layer}" for layer in range(layers) for kind in ("keys", "values")]
+
+    return per_layer("self"), per_layer("cross")
+
+
 #: the segmentation files of a bundle, by role (the source vocabulary's name ends in the language)
 BUNDLE_SEGMENTATION_FILES = {"codes": "bpe.codes", "vocabulary": "bpe.vocab", "model": "spm.model"}
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from fairseq_rope_tools.cli import UserError
 from fairseq_rope_tools.deploy.engine import Decoding, Engine, Hypothesis
-from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT, read_vocabulary
+from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT, onnx_step_cache_names, read_vocabulary
 from fairseq_rope_tools.deploy.segmentation import first_line
 
 ENCODER_FILE, DECODER_FILE, MODEL_CONFIG = MODEL_FILES[ONNX_MODEL_FORMAT]
@@ -87,8 +87,7 @@ class OnnxEngine(Engine):
         self.decoding, self.threads = decoding, threads
         # ONNX Runtime and numpy's larger operations release the GIL: the parts decode in parallel
         self.workers = concurrent.futures.ThreadPoolExecutor(threads - 1, "onnx") if threads > 1 else None
-        self.cache_names = [f"self_{kind}_{layer}" for layer in range(self.layers) for kind in ("keys", "values")]
-        self.cross_names = [f"cross_{kind}_{layer}" for layer in range(self.layers) for kind in ("keys", "values")]
+        self.cache_names, self.cross_names = onnx_step_cache_names(self.layers)
 
     def translate(self, batch: List[List[str]], decoding: Optional[Decoding] = None) -> List[List[Hypothesis]]:
         decoding = decoding or self.decoding

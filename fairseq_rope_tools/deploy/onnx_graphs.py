@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from fairseq_rope.model_options import registered_model_name
 from fairseq_rope.modules.rope_scaling import scaling_spec
-from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT
+from fairseq_rope_tools.deploy.exported import MODEL_FILES, ONNX_MODEL_FORMAT, onnx_step_cache_names
 
 ENCODER_FILE, DECODER_FILE, MODEL_CONFIG = MODEL_FILES[ONNX_MODEL_FORMAT]
 
@@ -325,8 +325,7 @@ def write_graphs(model, args, directory) -> dict:
     rows, source, steps = 2, 3, 2
     src_tokens = torch.full((rows, source), model.encoder.dictionary.eos(), dtype=torch.long)
     src_tokens[1, 0] = model.encoder.padding_idx  # traced with padding: both branches of nothing
-    cross_names = [f"cross_{kind}_{layer}" for layer in range(layers) for kind in ("keys", "values")]
-    self_names = [f"self_{kind}_{layer}" for layer in range(layers) for kind in ("keys", "values")]
+    self_names, cross_names = onnx_step_cache_names(layers)
     cache_names = [name for layer in range(layers) for name in (*self_names[2 * layer:2 * layer + 2],
                                                                  *cross_names[2 * layer:2 * layer + 2])]
     with torch.no_grad():

@@ -91,7 +91,8 @@ def main(argv=None):
     exports = [(engine, compute_type, quantization, precision) for engine in args.engines
                for compute_type, quantization, precision in (
                    CT2_CONFIGS[args.device] if engine == engines.CTRANSLATE2.name else (("float32", "none", "fp32"),))]
-    written = [args.out_dir / name for name in RESULTS] + [export_dir(args.out_dir, q, engine)
+    export_format = {engine: engines.engine_named(engine).export_format for engine in args.engines}
+    written = [args.out_dir / name for name in RESULTS] + [export_dir(args.out_dir, q, export_format[engine])
                                                            for engine, _, q, _ in exports]
     problem = (outputs_over_inputs_problem({f"--out-dir's {path.name}": path for path in written},
                                            {"--checkpoint": args.checkpoint, "--data-bin": args.data_bin})
@@ -105,7 +106,7 @@ def main(argv=None):
     progress(f"benchmarking {args.checkpoint} on {args.device}: {args.reps} rep(s) of each configuration "
              f"at {' and '.join(map(str, args.threads))} thread(s)")
     rows = []
-    models = {(engine, q): exported_model_dir(args.checkpoint, args.data_bin, args.out_dir, q, engine)
+    models = {(engine, q): exported_model_dir(args.checkpoint, args.data_bin, args.out_dir, q, export_format[engine])
               for engine, _, q, _ in exports}
     for threads in args.threads:
         fairseq = {}  # precision -> (seconds of each rep, hypotheses by id)

@@ -16,6 +16,7 @@ from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.deploy.batching import translate_sorted
 from fairseq_rope_tools.deploy.ctranslate2_engine import ctranslate2_cuda_problem
 from fairseq_rope_tools.deploy.engine import Decoding
+from fairseq_rope_tools.deploy.exported import CTRANSLATE2_MODEL_FORMAT, ONNX_MODEL_FORMAT
 from fairseq_rope_tools.deploy.model_setup import ModelSetup
 from fairseq_rope_tools.deploy.segmentation import remove_bpe
 
@@ -144,13 +145,13 @@ def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cp
                             max_len)
 
 
-def export_dir(out_dir, quantization, model_format="ctranslate2"):
+def export_dir(out_dir, quantization, model_format=CTRANSLATE2_MODEL_FORMAT):
     """Where :func:`export` writes the model of ``quantization``: OUT_DIR/ct2_QUANTIZATION (an ONNX
     export: OUT_DIR/onnx)."""
-    return out_dir / ("onnx" if model_format == "onnx" else f"ct2_{quantization}")
+    return out_dir / (ONNX_MODEL_FORMAT if model_format == ONNX_MODEL_FORMAT else f"ct2_{quantization}")
 
 
-def exported_model_dir(checkpoint, data_bin, out_dir, quantization, model_format="ctranslate2"):
+def exported_model_dir(checkpoint, data_bin, out_dir, quantization, model_format=CTRANSLATE2_MODEL_FORMAT):
     """OUT_DIR/ct2_QUANTIZATION (or OUT_DIR/onnx), exported unless it holds this very checkpoint
     already. In this process: torch and fairseq are loaded once for all exports."""
     from fairseq_rope_tools.deploy import checkpoint_export as exporter
