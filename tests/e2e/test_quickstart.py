@@ -1,40 +1,34 @@
-"""scripts/quickstart.sh end to end with a very reduced configuration (tiny corpus, 30 updates):
-every step runs, BLEU is printed with the sacreBLEU signature, and the loss plot is a PNG. The
-work directory's name holds a space and shell metacharacters, so prepare, train, average and
-evaluate (both engines) are shown to take paths as data, never as commands."""
+"""scripts/quickstart.sh end to end with a very reduced configuration (tiny corpus, 300 updates;
+the run of support/quickstart.py, whose model tests/plugin/test_raw_text.py uses too): every step
+runs, BLEU is printed with the sacreBLEU signature, and the loss plot is a PNG. The work
+directory's name holds a space and shell metacharacters, so prepare, train, average and evaluate
+(both engines) are shown to take paths as data, never as commands."""
 
 import json
 import re
 from pathlib import Path
 
 import pytest
-from support.commands import REPO, run_cli
-
-SMALL = {
-    "TRAIN_SIZE": "1200", "VALID_SIZE": "30", "TEST_SIZE": "30", "BPE_SIZE": "300",
-    "MAX_UPDATE": "30", "SAVE_INTERVAL": "5", "NUM_AVG": "5", "MAX_TOKENS": "1024",
-    "WARMUP_UPDATES": "10", "LOG_INTERVAL": "10", "THREADS": "1", "SHOW_EXAMPLES": "1",
-}
-
-
-HOSTILE_NAME = "a b;$(touch x)"
+from support.commands import REPO
+from support.quickstart import QUICKSTART, shared_quickstart
 
 
 @pytest.mark.e2e
-def test_quickstart_runs_the_whole_pipeline(tmp_path):
-    env = dict(SMALL, QUICKSTART_DIR=str(tmp_path / HOSTILE_NAME / "qs"))
-    out = run_cli(["bash", REPO / "scripts" / "quickstart.sh"], env=env, timeout=600).stdout
+def test_quickstart_runs_the_whole_pipeline(tmp_path_factory):
+    run = shared_quickstart(tmp_path_factory)
+    out = run.stdout
     for step in range(1, 7):
         assert f"{step}/6" in out
-    assert "update 30/30  valid loss" in out
+    assert f"update {QUICKSTART['MAX_UPDATE']}/{QUICKSTART['MAX_UPDATE']}  valid loss" in out
     m = re.search(r"Tokenized BLEU \(compound split\): ([0-9.]+)", out)
     assert m, out
     m = re.search(r"sacreBLEU: ([0-9.]+)  signature: (\S+)", out)
     assert m and m.group(2).startswith("nrefs:1|") and "tok:13a" in m.group(2), out
     engines = re.search(r"^  fairseq .*\n  ctranslate2 +([0-9.]+) +([0-9.]+) +([0-9.]+)$", out, re.M)
     assert engines, out  # both engines decoded the test set
+    assert "SRC " in out and "HYP " in out  # an example
     png = Path(re.search(r"Loss plot:\s+(.+)$", out, re.M).group(1))
-    assert png.is_relative_to(tmp_path / HOSTILE_NAME)
+    assert png.is_relative_to(run.root)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     save_dir = png.parent
     assert (save_dir / "checkpoint.avg5.pt").exists()
@@ -43,13 +37,13 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert len((save_dir / "eval_avg5_test" / "hyp.detok.de").read_text().splitlines()) == 30
 
     # a second run finds every step complete and only reprints the results
-    again = run_cli(["bash", REPO / "scripts" / "quickstart.sh"], env=env, timeout=600).stdout
+    again = run.again
     assert "1/6 corpus:" in again and "exists, skipping" in again
     assert "3/6 training:" in again and "skipping" in again
-    assert "update 30/30" not in again
+    assert f"update {QUICKSTART['MAX_UPDATE']}/" not in again
     assert f"sacreBLEU: {m.group(1)}" in again
     # no step ran the name's $(touch x): no file x appeared where a shell would have created it
-    assert not (REPO / "x").exists() and not list(tmp_path.rglob("x"))
+    assert not (REPO / "x").exists() and not list(run.root.parent.parent.rglob("x"))
 
 
 def test_plot_losses_parses_fairseq_logs_and_writes_png(tmp_path, capsys):

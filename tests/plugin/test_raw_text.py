@@ -14,7 +14,8 @@ import warnings
 from argparse import Namespace
 
 import pytest
-from support.commands import REPO, run_cli
+from support.commands import run_cli
+from support.quickstart import shared_quickstart
 
 import fairseq_rope  # noqa: F401  (registers the encoders)
 from fairseq_rope import third_party_warnings
@@ -268,13 +269,6 @@ def test_only_third_party_noise_is_filtered(monkeypatch, user_options):
 
 
 # --- end to end: a quickstart model ------------------------------------------------------------
-# the quickstart, small: 300 updates on 2000 pairs, enough for translations that depend on the input
-QUICKSTART = {
-    "TRAIN_SIZE": "2000", "VALID_SIZE": "20", "TEST_SIZE": "30", "BPE_SIZE": "300", "MAX_UPDATE": "300",
-    "SAVE_INTERVAL": "60", "NUM_AVG": "5", "MAX_TOKENS": "2048", "LR": "5e-3", "WARMUP_UPDATES": "50",
-    "LOG_INTERVAL": "50", "THREADS": "1", "SHOW_EXAMPLES": "0",
-}
-
 HUB = """
 import json, sys
 from fairseq.models.transformer import TransformerModel
@@ -292,15 +286,12 @@ json.dump({"translations": model.translate(lines, beam=4),
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
-    """scripts/quickstart.sh, small: (prepared work dir, averaged checkpoint, its pretrained layout)."""
-    root = tmp_path_factory.mktemp("raw_text") / "qs"
-    out = run_cli(["bash", REPO / "scripts" / "quickstart.sh"], env=dict(QUICKSTART, QUICKSTART_DIR=str(root)),
-                  timeout=600).stdout
-    (work,) = root.glob("prep-*")
-    (save_dir,) = (work / "checkpoints").glob("transformer_rope_tiny-*")
-    layout = save_dir / "pretrained_checkpoint.avg5"
-    assert f"Pretrained:  {layout} " in out
-    return work, save_dir / "checkpoint.avg5.pt", layout
+    """scripts/quickstart.sh, small (support/quickstart.py): (prepared work dir, averaged checkpoint,
+    its pretrained layout)."""
+    run = shared_quickstart(tmp_path_factory)
+    layout = run.save_dir / "pretrained_checkpoint.avg5"
+    assert f"Pretrained:  {layout} " in run.stdout
+    return run.work, run.save_dir / "checkpoint.avg5.pt", layout
 
 
 def interactive(layout, source, user_dir, *encoders, cwd):

@@ -6,14 +6,13 @@ import collections
 import hashlib
 import json
 import os
-import shutil
 
 import pytest
 import torch
-from filelock import FileLock
 
 from fairseq_rope_tools.checkpoints import average_checkpoints as avg
 from support.commands import run_cli
+from support.shared import shared_directory
 
 
 def make_checkpoint(path, params, arch="transformer_rope_tiny"):
@@ -78,18 +77,8 @@ def shared_tiny_model(tmp_path_factory, data_bin, *flags):
     for name in sorted(os.listdir(data_bin)):
         if name.endswith((".txt", ".bin", ".idx")):  # not fairseq-preprocess's log, which names the worker's paths
             key.update(name.encode() + (data_bin / name).read_bytes())
-    # the run's own directory: under xdist the parent of each worker's, else this process's
-    run_dir = tmp_path_factory.getbasetemp()
-    root = (run_dir.parent if os.environ.get("PYTEST_XDIST_WORKER") else run_dir) / "shared_tiny_models"
-    root.mkdir(exist_ok=True)
-    model_dir = root / key.hexdigest()[:16]
-    with FileLock(str(model_dir) + ".lock"):
-        if not (model_dir / "checkpoint_last.pt").is_file():
-            partial = model_dir.with_suffix(".partial")  # a worker killed midway leaves no model behind
-            shutil.rmtree(partial, ignore_errors=True)
-            train_tiny(data_bin, partial, *flags)
-            partial.rename(model_dir)
-    return model_dir / "checkpoint_last.pt"
+    return shared_directory(tmp_path_factory, "tiny_models", key.hexdigest(),
+                            lambda directory: train_tiny(data_bin, directory, *flags)) / "checkpoint_last.pt"
 
 
 def updates_in(path) -> int:
