@@ -1,6 +1,6 @@
 """fairseq-rope-compare end to end on a tiny budget: length split, training
 through the recipe's train.sh with live progress, checkpoint averaging, decoding (also with RoPE
-scaling overrides), scores with confidence intervals and paired bootstrap tests, table, plots,
+scaling overrides, and with CTranslate2 by length bucket), scores with confidence intervals and paired bootstrap tests, table, plots,
 resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cli.py,
 fairseq_rope_tools/research/significance.py)."""
 
@@ -53,7 +53,8 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     args = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out,
             "--variants", "rope", "sinusoidal", *TINY_RUN, "--length-split", "6",
             "--length-buckets", "6", "12", "--extrapolation-scaling", "yarn:3", "dynamic-yarn",
-            "--joined-groups", "2", "3", "4",
+            "--joined-groups", "2", "3", "4", "--max-len-a", "0", "--max-len-b", "30",
+            "--ctranslate2-length-buckets", "2", "3",
             # single options as values, the documented way
             "--generate-args", "--remove-bpe", "--train-args", "--report-accuracy"]
     proc = run_cli(args, timeout=400)
@@ -89,7 +90,8 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
         assert sum(b["sentences"] for b in run["decodes"][""]["bleu_by_length"].values()) == len(test_lengths)
     # neither adds parameters for positions: same count, read from the training logs
     assert rope["params"] == sinusoidal["params"] > 0
-    assert set(rope["decodes"]) == {"", "+yarnx3", "+dynamic-yarn"} and set(sinusoidal["decodes"]) == {""}
+    assert set(rope["decodes"]) == {"", "+yarnx3", "+dynamic-yarn", "+ctranslate2-buckets"}
+    assert set(sinusoidal["decodes"]) == {""}
     run_dir = out / "runs" / "rope" / "seed1"
     generate_log = (run_dir / "generate+yarnx3.log").read_text()
 
@@ -148,6 +150,21 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
         assert report["summary"][group]["rope"]["bleu"]["per_seed"] == [rope["decodes"][""]["bleu"][group]]
     assert not list(out.rglob("*.tmp"))
 
+    # CTranslate2 by length bucket (plain, yarn x2, yarn x3) beside fairseq-generate, each decode timed
+    assert "rope seed 1+ctranslate2-buckets: decoding test with CTranslate2" in proc.stdout
+    ct2 = rope["decodes"]["+ctranslate2-buckets"]
+    assert sum(ct2["decoding_time"]["buckets"].values()) == len(test_lengths)
+    assert set(ct2["decoding_time"]["buckets"]) == {"plain", "yarn x2", "yarn x3"}
+    assert ct2["decoding_time"]["buckets"]["plain"] > 0 and ct2["decoding_time"]["buckets"]["yarn x3"] > 0
+    for decode in rope["decodes"].values():
+        assert decode["decoding_time"]["seconds"] > 0
+        assert sum(b["sentences"] for b in decode["bleu_by_length"].values()) == len(test_lengths)
+    assert json.loads((run_dir / "ct2_length_buckets" / "length_buckets.json").read_text())["buckets"][2]["factor"] == 3
+    assert "`rope+ctranslate2-buckets`" in table
+    timing = table[table.index("## Decoding time"):]
+    seconds = ct2["decoding_time"]["seconds"]
+    assert f"| `rope+ctranslate2-buckets` | {seconds:.1f} | {len(test_lengths) / seconds:.1f} |" in timing
+
     # a second call reuses finished runs instead of training again
     started = time.time()
     proc = run_cli(args, timeout=120)
@@ -165,7 +182,8 @@ def test_harness_end_to_end_with_length_split(tiny_data_bin, tmp_path):
     assert decoded == {"+yarnx3", "+ntkx2"}  # yarn: its training length changed
     assert overrides("+yarnx3") == "{'rope_scaling': 'yarn', 'rope_scaling_factor': 3.0, 'rope_scaling_original_length': 9}"
     rerun = json.loads((out / "results.json").read_text())["results"]["rope"][0]
-    assert set(rerun["decodes"]) == {"", "+yarnx3", "+ntkx2"} and rerun["decodes"][""] == rope["decodes"][""]
+    assert set(rerun["decodes"]) == {"", "+yarnx3", "+ntkx2", "+ctranslate2-buckets"}
+    assert rerun["decodes"][""] == rope["decodes"][""]
     assert not list(run_dir.glob("*dynamic-yarn*"))
     assert "`rope+ntkx2`" in (out / "results.md").read_text()
 
@@ -223,32 +241,6 @@ def test_extrapolation_scalings_take_a_factor_as_their_specs_say():
     assert compare_decoding.extra_decodes(args, "rope") == {
         "": None, "+dynamic-ntk": {"rope_scaling": "dynamic-ntk"},
         "+ntkx2": {"rope_scaling": "ntk", "rope_scaling_factor": 2.0}}
-
-
-@pytest.mark.e2e
-def test_ctranslate2_length_buckets_decode_beside_fairseq_and_record_their_time(tiny_data_bin, tmp_path):
-    out = tmp_path / "compare"
-    proc = run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", "rope", "--baseline", "rope",
-                    *TINY_RUN, "--length-split", "6", "--max-len-a", "0", "--max-len-b", "30",
-                    "--ctranslate2-length-buckets", "2", "3"], timeout=400)
-    assert "rope seed 1+ctranslate2-buckets: decoding test with CTranslate2" in proc.stdout
-    run = json.loads((out / "results.json").read_text())["results"]["rope"][0]
-    assert set(run["decodes"]) == {"", "+ctranslate2-buckets"}
-    test_lines = len((out / "text" / "test.en").read_text().splitlines())
-    ct2 = run["decodes"]["+ctranslate2-buckets"]
-    assert sum(ct2["decoding_time"]["buckets"].values()) == test_lines
-    assert set(ct2["decoding_time"]["buckets"]) == {"plain", "yarn x2", "yarn x3"}
-    assert ct2["decoding_time"]["buckets"]["plain"] > 0 and ct2["decoding_time"]["buckets"]["yarn x3"] > 0
-    for decode in run["decodes"].values():
-        assert decode["decoding_time"]["seconds"] > 0
-        assert sum(b["sentences"] for b in decode["bleu_by_length"].values()) == test_lines
-    run_dir = out / "runs" / "rope" / "seed1"
-    assert json.loads((run_dir / "ct2_length_buckets" / "length_buckets.json").read_text())["buckets"][2]["factor"] == 3
-    table = (out / "results.md").read_text()
-    assert "`rope+ctranslate2-buckets`" in table
-    timing = table[table.index("## Decoding time"):]
-    seconds = ct2["decoding_time"]["seconds"]
-    assert f"| `rope+ctranslate2-buckets` | {seconds:.1f} | {test_lines / seconds:.1f} |" in timing
 
 
 @pytest.mark.parametrize("bad", [["--data-bin", "x", "--length-split", "5"],
@@ -583,17 +575,6 @@ def test_a_failing_training_names_its_log(tiny_data_bin, tmp_path):
     assert proc.stderr.startswith("fairseq-rope-compare: error: train.sh exited with status")
     assert "unrecognized arguments: --no-such-option" in proc.stderr and proc.stderr.rstrip().endswith(f"full log: {log}")
     assert not (tmp_path / "runs" / "sinusoidal" / "seed1" / "result.json").exists()
-
-
-@pytest.mark.e2e
-def test_a_failing_decode_keeps_the_trained_model(tiny_data_bin, tmp_path):
-    args = [COMPARE, "--data-bin", tiny_data_bin / "data-bin", "--out-dir", tmp_path,
-            "--variants", "sinusoidal", *TINY_RUN]
-    proc = run_cli([*args, "--generate-args", "--no-such-option"], check=False, timeout=300)
-    assert proc.returncode != 0 and "unrecognized arguments: --no-such-option" in proc.stderr
-    proc = run_cli(args, timeout=300)
-    assert "training" not in proc.stdout and "reusing the trained model" in proc.stdout
-    assert "sinusoidal seed 1: done in" in proc.stdout
 
 
 @pytest.mark.e2e
@@ -1069,33 +1050,6 @@ def test_a_variants_own_settings_are_checked_as_the_flags_are(capsys, variants, 
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.e2e
-def test_the_long_input_recipes_end_to_end(tiny_data_bin, tmp_path):
-    """rope_concat_randpos trains through train.sh's concatenation knob with the plugin's
-    --rope-random-positions, and is decoded and scored with the oracle like any variant."""
-    import torch
-
-    out = tmp_path / "compare"
-    # its own settings in its name: the run's directory, fairseq-train's --save-dir and fairseq-generate's --path
-    # (which splits at ':') take the name as it is
-    variant = "rope_concat_randpos@concat-prob=1,rope-random-positions=3"
-    run_cli([COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", variant,
-             "--baseline", variant, *TINY_RUN, "--length-split", "6", "--joined-groups", "2"], timeout=400)
-    run_dir = out / "runs" / variant / "seed1"
-    train_log = (run_dir / "train.log").read_text()
-    assert "CONCAT_MAX_SENTENCES=3" in train_log.splitlines()[0] and "CONCAT_PROB=1" in train_log.splitlines()[0]
-    assert "train.sh --rope-random-positions 3" in train_log.splitlines()[0]
-    assert "'concat_from_epoch': 1" in train_log  # train.sh passes CONCAT_FROM_EPOCH (default 1) to the task
-    assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in train_log
-    cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
-    assert cfg["task"]["_name"] == "translation_concat" and cfg["model"]["rope_random_positions"] == 3.0
-    assert cfg["model"]["rope_trained_length"] > 7  # pairs of at most 6 words (+ EOS) were joined
-    run = json.loads((out / "results.json").read_text())["results"][variant][0]
-    assert set(run["decodes"][""]["oracle"]) == {"test x2"}
-    table = (out / "results.md").read_text()
-    assert f"`{variant}`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table
-
-
 def test_a_variant_can_start_from_another_variants_model():
     """rope_cross_concat@init-from=sinusoidal,max-update=150: the sinusoidal run of the same seed,
     fine-tuned for 150 updates, with that budget's warm-up and checkpoints; the runs from scratch
@@ -1133,17 +1087,33 @@ def test_a_variant_can_start_from_another_variants_model():
 
 
 @pytest.mark.e2e
-def test_a_model_fine_tuned_from_another_variant_end_to_end(tiny_data_bin, tmp_path):
-    """sinusoidal, then fine-tuned into rope_cross_concat through train.sh's INIT_FROM: the start
-    is the sinusoidal run's averaged model of the same seed, recorded in the new checkpoint and in
-    the report with the updates both spent; a rerun reuses both runs."""
+def test_fine_tuning_the_long_input_recipes_and_a_failing_decode_end_to_end(tiny_data_bin, tmp_path):
+    """One harness, three variants (a run each costs seconds of starting fairseq):
+    * sinusoidal, then fine-tuned into rope_cross_concat through train.sh's INIT_FROM: the start
+      is the sinusoidal run's averaged model of the same seed, recorded in the new checkpoint and in
+      the report with the updates both spent;
+    * rope_concat_randpos, trained through train.sh's concatenation knob with the plugin's
+      --rope-random-positions, decoded and scored with the oracle like any variant;
+    * a decode that fails keeps its trained model (the next call decodes it without training), and
+      no run starts after it; a rerun reuses every run."""
     import torch
 
     out = tmp_path / "compare"
     tuned = "rope_cross_concat@init-from=sinusoidal,max-update=2"
-    command = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", tuned, "sinusoidal",
+    # its own settings in its name: the run's directory, fairseq-train's --save-dir and fairseq-generate's --path
+    # (which splits at ':') take the name as it is
+    randpos = "rope_concat_randpos@concat-prob=1,rope-random-positions=3"
+    command = [COMPARE, "--raw-dir", tiny_data_bin, "--out-dir", out, "--variants", tuned, "sinusoidal", randpos,
                "--baseline", "sinusoidal", *TINY_RUN, "--length-split", "6", "--joined-groups", "2"]
-    run_cli(command, timeout=500)
+
+    failed = run_cli([*command, "--generate-args", "--no-such-option"], check=False, timeout=300)
+    assert failed.returncode != 0 and "unrecognized arguments: --no-such-option" in failed.stderr
+    assert "sinusoidal seed 1: training" in failed.stdout
+    assert f"{tuned} seed 1: training" not in failed.stdout and f"{randpos} seed 1: training" not in failed.stdout
+    proc = run_cli(command, timeout=500)
+    assert "sinusoidal seed 1: training" not in proc.stdout and "sinusoidal seed 1: reusing the trained model" in proc.stdout
+    assert "sinusoidal seed 1: done in" in proc.stdout
+
     start = out / "runs" / "sinusoidal" / "seed1" / "averaged.pt"
     run_dir = out / "runs" / tuned / "seed1"
     first_line = (run_dir / "train.log").read_text().splitlines()[0]
@@ -1159,8 +1129,22 @@ def test_a_model_fine_tuned_from_another_variant_end_to_end(tiny_data_bin, tmp_p
     assert f"| `{tuned}` |" in table and "| 2 (6) |" in table
     assert (f"`{tuned}`: MAX_UPDATE=2 CONCAT_MAX_SENTENCES=3 CONCAT_PROB=0.5 INIT_FROM=sinusoidal "
             "--rope-cross-attention") in table
+
+    run_dir = out / "runs" / randpos / "seed1"
+    train_log = (run_dir / "train.log").read_text()
+    assert "CONCAT_MAX_SENTENCES=3" in train_log.splitlines()[0] and "CONCAT_PROB=1" in train_log.splitlines()[0]
+    assert "train.sh --rope-random-positions 3" in train_log.splitlines()[0]
+    assert "'concat_from_epoch': 1" in train_log  # train.sh passes CONCAT_FROM_EPOCH (default 1) to the task
+    assert "training pairs joined with 1 to 2 others (--concat-prob 1, --concat-max-sentences 3)" in train_log
+    cfg = torch.load(run_dir / "averaged.pt", map_location="cpu", weights_only=False)["cfg"]
+    assert cfg["task"]["_name"] == "translation_concat" and cfg["model"]["rope_random_positions"] == 3.0
+    assert cfg["model"]["rope_trained_length"] > 7  # pairs of at most 6 words (+ EOS) were joined
+    assert set(report["results"][randpos][0]["decodes"][""]["oracle"]) == {"test x2"}
+    assert f"`{randpos}`: CONCAT_MAX_SENTENCES=3 CONCAT_PROB=1 --rope-random-positions 3" in table
+
     again = run_cli(command, timeout=300).stdout
-    assert f"{tuned} seed 1: done before, reusing" in again and "sinusoidal seed 1: done before, reusing" in again
+    for variant in (tuned, "sinusoidal", randpos):
+        assert f"{variant} seed 1: done before, reusing" in again
 
 
 def test_every_size_of_every_family_is_a_registered_architecture():
