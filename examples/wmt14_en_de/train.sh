@@ -60,6 +60,7 @@ LOG_FILE="${LOG_FILE:-$SAVE_DIR/train.log}"
     || die "INIT_FROM=$INIT_FROM is not a file: give a checkpoint (model.pt of a pretrained-model directory, an average, a checkpoint*.pt)"
 command -v fairseq-train >/dev/null || die "fairseq-train not on PATH: run 'make setup' and put .venv/bin first on PATH"
 
+[[ "$CPU" != 1 ]] || GPUS="${GPUS:-0}"  # none to count: starting torch to count them takes seconds
 GPUS="${GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
 if [[ "$CPU" == auto ]]; then
     if [[ "$GPUS" -gt 0 ]]; then CPU=0; else CPU=1; fi

@@ -10,6 +10,15 @@ Only when the command would start exactly so: a console script of this environme
 :data:`WARM_COMMANDS`, with the environment the warm interpreter started with (variables read
 at import, such as ``OMP_NUM_THREADS``, cannot change after it). Anything else, and every
 command when ``FAIRSEQ_ROPE_TESTS_COLD=1``, runs in a new interpreter (commands.run_cli).
+
+The scripts and commands a test starts (train.sh, fairseq-rope-compare, ...) start theirs
+through a stand-in of each of :data:`WARM_COMMANDS` first on their PATH (:func:`shim_environment`):
+it asks the warm interpreter for the command, hands it its standard streams, passes on every
+signal it gets and exits as the command did; when it is killed, the command is killed with it.
+The warm interpreter starts it only where the environment differs from its own in no variable
+read while an interpreter starts (:data:`READ_AT_START`: a script's own settings, such as
+MAX_UPDATE, may differ); else, or with no warm interpreter to ask, the stand-in becomes the
+console script itself (exec).
 """
 
 import array
@@ -30,6 +39,27 @@ WARM_COMMANDS = ("fairseq-train", "fairseq-generate", "fairseq-preprocess", "fai
                  "fairseq-rope-average", "fairseq-rope-export")
 #: variables that may differ from the warm interpreter's: nothing reads them while importing
 READ_WHEN_RUN = ("PYTEST_CURRENT_TEST",)
+#: prefixes of the variables that Python, torch and the preloaded libraries may read while they
+#: start: a command started by a script is warm only where none of these differ
+READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORCH", "CUDA", "NVIDIA",
+                 "NUMPY", "LD_", "MALLOC", "LANG", "LC_", "HOME", "TMP", "TEMP", "XDG_", "HYDRA", "SACREBLEU",
+                 "TQDM", "SKLEARN", "SCIPY", "JOBLIB", "TRITON", "FAIRSEQ", "CT2_")
+#: of those, what a script's command may set otherwise all the same: CUDA reads its devices when it
+#: starts, which importing torch does not do (the harness hides the GPUs from a CPU run's commands);
+#: MKL_NUM_THREADS as OMP_NUM_THREADS (evaluate.sh sets both) is one thread count either way
+SET_BY_SCRIPTS = ("CUDA_VISIBLE_DEVICES", "MKL_NUM_THREADS")
+#: the stand-ins find the warm interpreter's socket in this variable
+ADDRESS_VARIABLE = "FAIRSEQ_ROPE_TESTS_WARM_SOCKET"
+_directory: Optional[str] = None
+
+
+def _worker_directory() -> str:
+    """This worker's directory: the warm interpreter's socket and log, the stand-ins (bin/)."""
+    global _directory
+    if _directory is None:
+        _directory = tempfile.mkdtemp(prefix="warm-")
+        atexit.register(shutil.rmtree, _directory, True)
+    return _directory
 #: imported before any fork: torch and what fairseq imports that prints nothing (never fairseq itself,
 #: whose import logs, nor the plugin, which registers architectures: a command without --user-dir
 #: must not find them)
@@ -66,7 +96,16 @@ while True:
     size = int.from_bytes(message[:8], "big")
     while len(message) < 8 + size:
         message += connection.recv(1 << 16)
-    argv, cwd, environment = pickle.loads(message[8:])
+    argv, cwd, environment, from_stand_in = pickle.loads(message[8:])
+    def read_at_start(variables):
+        read = {name: value for name, value in variables.items()
+                if name.startswith(READ_AT_START) and name not in READ_WHEN_RUN + SET_BY_SCRIPTS}
+        mkl = variables.get("MKL_NUM_THREADS")
+        return read, mkl in (None, variables.get("OMP_NUM_THREADS"))
+
+    if from_stand_in and read_at_start(environment) != read_at_start(os.environ):
+        connection.sendall((0).to_bytes(8, "big"))  # not as it would start: the stand-in starts it cold
+        os._exit(0)
     pid = os.fork()
     if pid == 0:  # the command, as its console script runs it
         connection.close()
@@ -94,7 +133,15 @@ while True:
     for fd in fds:
         os.close(fd)
     connection.sendall(pid.to_bytes(8, "big"))
-    _, status = os.waitpid(pid, 0)
+    while True:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            break
+        # the one who asked has gone (a stand-in killed with its script): the command goes with it
+        if select.select([connection], [], [], 0.05)[0] and not connection.recv(1):
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            break
     connection.sendall(os.waitstatus_to_exitcode(status).to_bytes(8, "big", signed=True))
     connection.close()
     os._exit(0)
@@ -106,9 +153,11 @@ class WarmStarter:
 
     def __init__(self, bin_dir: Path, environment: dict):
         self.environment = dict(environment)
-        self.directory = tempfile.mkdtemp(prefix="warm-")
+        self.directory = _worker_directory()
         self.address = os.path.join(self.directory, "socket")
-        code = (f"BIN = {str(bin_dir)!r}\nADDRESS = {self.address!r}\nPRELOADED = {PRELOADED!r}\n" + _SERVER)
+        code = (f"BIN = {str(bin_dir)!r}\nADDRESS = {self.address!r}\nPRELOADED = {PRELOADED!r}\n"
+                f"READ_AT_START = {READ_AT_START!r}\nREAD_WHEN_RUN = {READ_WHEN_RUN!r}\n"
+                f"SET_BY_SCRIPTS = {SET_BY_SCRIPTS!r}\n" + _SERVER)
         self.log = open(os.path.join(self.directory, "log"), "w+")
         self.process = subprocess.Popen([str(bin_dir / "python"), "-c", code], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, env=self.environment,
@@ -142,7 +191,7 @@ class WarmStarter:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.connect(self.address)
-            request = pickle.dumps((argv, str(cwd), environment))
+            request = pickle.dumps((argv, str(cwd), environment, False))
             connection.sendmsg([len(request).to_bytes(8, "big") + request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                             array.array("i", [null, out_write, err_write]))])
         finally:
@@ -211,3 +260,71 @@ def warm_run(cmd: List[str], environment: dict, cwd, timeout: float) -> Optional
 
 def _read_at_start(environment: dict) -> dict:
     return {name: value for name, value in environment.items() if name not in READ_WHEN_RUN}
+
+
+# --- the stand-ins a test's scripts and commands find first on their PATH ----------------------------
+_STAND_IN = """#!{python}
+import sys
+sys.path.insert(0, {tests!r})
+from support.warm_start import run_as_stand_in
+run_as_stand_in({name!r})
+"""
+
+
+def shim_environment(environment: dict) -> dict:
+    """``environment`` (a command's, as commands.cli_command makes it) with the stand-ins first on
+    its PATH and the warm interpreter's address, unless commands start cold."""
+    if os.environ.get("FAIRSEQ_ROPE_TESTS_COLD") == "1":
+        return environment
+    stand_ins = os.path.join(_worker_directory(), "bin")
+    if not os.path.isdir(stand_ins):
+        os.makedirs(stand_ins)
+        tests = str(Path(__file__).resolve().parents[1])
+        for name in WARM_COMMANDS:
+            path = os.path.join(stand_ins, name)
+            with open(path, "w") as stand_in:
+                stand_in.write(_STAND_IN.format(python=sys.executable, tests=tests, name=name))
+            os.chmod(path, 0o755)
+    return {**environment, "PATH": f"{stand_ins}{os.pathsep}{environment.get('PATH', '')}",
+            ADDRESS_VARIABLE: os.path.join(_worker_directory(), "socket")}
+
+
+def run_as_stand_in(name: str):
+    """The stand-in of console script ``name``: the command from the warm interpreter, else the
+    console script itself in this process."""
+    import signal
+
+    script = str(Path(sys.executable).parent / name)
+    argv = [script, *sys.argv[1:]]
+    pid, replies = 0, None
+    address = os.environ.get(ADDRESS_VARIABLE)
+    if address and os.environ.get("FAIRSEQ_ROPE_TESTS_COLD") != "1":
+        try:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.connect(address)
+            request = pickle.dumps((argv, os.getcwd(), dict(os.environ), True))
+            connection.sendmsg([len(request).to_bytes(8, "big") + request],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+            replies = connection.makefile("rb")
+            started = replies.read(8)
+            pid = int.from_bytes(started, "big") if len(started) == 8 else 0
+        except OSError:  # no warm interpreter (yet, or any more)
+            pid = 0
+    if not pid:
+        os.execv(script, argv)
+
+    def pass_on(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, pass_on)
+    ended = replies.read(8)
+    code = int.from_bytes(ended, "big", signed=True) if len(ended) == 8 else 1
+    if code < 0:  # killed by a signal: so is the stand-in
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
