@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fairseq_rope_tools.cli import UserError, sayer
 from fairseq_rope_tools.deploy import exported, fairseq_engine
@@ -54,6 +54,7 @@ class EngineEntry:
     #: {what names it: path} of the files it reads, of a ModelSetup; None: every file of --model-dir
     model_files: Optional[Callable[..., dict]] = None
     chosen_by: Optional[str] = None                     # its flag (dest) that, given without --model-dir, chooses it
+    devices: Tuple[str, ...] = ("cpu", "cuda")          # the --device values it decodes on
     needs_data_bin: bool = False                        # decodes with its dictionaries: --src and --tgt always
     checks_vocabulary: bool = False                     # its model's vocabularies against the data-bin's dictionaries
 
@@ -256,4 +257,4 @@ FAIRSEQ = register_engine(EngineEntry(
 # --- ONNX Runtime --------------------------------------------------------------------------------------------
 ONNX = register_engine(EngineEntry(
     "onnx", "ONNX Runtime, for an export of --format onnx", opened_by("fairseq_rope_tools.deploy.onnx_engine"),
-    export_format=exported.ONNX_MODEL_FORMAT, checks_vocabulary=True))
+    export_format=exported.ONNX_MODEL_FORMAT, checks_vocabulary=True, devices=("cpu",)))

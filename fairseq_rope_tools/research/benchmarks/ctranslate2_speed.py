@@ -83,8 +83,9 @@ def main(argv=None):
                    help=f"the engines to measure beside fairseq-generate (default: {' '.join(exported)}; onnx on "
                         "the CPU only)")
     args = p.parse_args(argv)
-    if args.device != "cpu" and engines.ONNX.name in args.engines:
-        p.error(f"--engines {engines.ONNX.name} runs on the CPU: leave it out with --device {args.device}")
+    for engine in args.engines:
+        if args.device not in engines.engine_named(engine).devices:
+            p.error(f"--engines {engine} runs on the CPU: leave it out with --device {args.device}")
     for flag in ("checkpoint", "data_bin", "out_dir"):
         if getattr(args, flag) is None:
             p.error(f"--{flag.replace('_', '-')} is required")

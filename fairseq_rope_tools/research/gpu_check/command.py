@@ -29,22 +29,24 @@
 6. bandwidth: the fused rotation of q and k as self-attention launches it (fp16), in GB/s read and
    written, against the device's peak: its specified bandwidth from a table of known GPUs, else a
    large copy measured here (the report says which);
-7. ctranslate2: the RoPE model exported (float32 and int8 weights, fairseq-rope-export)
-   and decoded on the device with the same beam, length penalty and length limit: per compute type
-   the lines identical to fairseq-generate's (float16 and int8_float16 against fairseq's fp16) and
-   the speed-up over it. float32 must give fairseq's output on every line.
+7. the exported engines of --engines: the RoPE model exported (fairseq-rope-export) and decoded
+   on the device with the same beam, length penalty and length limit: per compute type the lines
+   identical to fairseq-generate's and the speed-up over it. CTranslate2 in float32 and with int8
+   weights (float16 and int8_float16 against fairseq's fp16 on cuda); ONNX Runtime in float32,
+   on the CPU only (--tiny). float32 must give fairseq's output on every line.
 
 Without CUDA it stops with one line, exit status 2, unless --tiny: then every step runs on the CPU
 with tiny sizes, so that the plumbing is tested anywhere (tests/tools/research/test_gpu_check.py): the kernel
 under Triton's interpreter (TRITON_INTERPRET=1, in a child process), fp32 training only, for a
-few updates (fp16 is reported as skipped), CTranslate2 float32 and int8 on the CPU, and steps that
-time nothing run two at a time. Its timings mean nothing. ``--data-bin`` trains on a binarized
-corpus of your own instead of the quickstart one (joined dictionary, en->de unless --src/--tgt).
+few updates (fp16 is reported as skipped), CTranslate2 float32 and int8 and ONNX Runtime float32
+on the CPU, and steps that time nothing run two at a time. Its timings mean nothing.
+``--data-bin`` trains on a binarized corpus of your own instead of the quickstart one (joined
+dictionary, en->de unless --src/--tgt).
 
 This module is the command; each section is a module of its own in this package (environment,
-kernel with the bandwidth, training, generation with the speed ratios, ctranslate2_section), what
-they share is in common, and report.md is rendered by report. The CTranslate2 section decodes
-with fairseq-rope-translate's CTranslate2 engine (fairseq_rope_tools/deploy/ctranslate2_engine.py).
+kernel with the bandwidth, training, generation with the speed ratios, exported_engines), what
+they share is in common, and report.md is rendered by report. The exported engines decode with
+fairseq-rope-translate's engines, opened through their registry (fairseq_rope_tools/deploy/engines.py).
 
 Exit status: 0 when every verdict passes, 1 when one fails or a step fails (the report says which
 and why), 2 for bad arguments or no CUDA device.
@@ -66,9 +68,10 @@ from fairseq_rope_tools.cli import (
     children_end_with_this_process,
     command,
 )
+from fairseq_rope_tools.deploy import engines
 from fairseq_rope_tools.research.gpu_check.common import FULL, TINY, guarded, say
-from fairseq_rope_tools.research.gpu_check.ctranslate2_section import ctranslate2_section
 from fairseq_rope_tools.research.gpu_check.environment import environment_section
+from fairseq_rope_tools.research.gpu_check.exported_engines import exported_engine_section
 from fairseq_rope_tools.research.gpu_check.generation import generation_section, speed_section
 from fairseq_rope_tools.research.gpu_check.kernel import device_sections
 from fairseq_rope_tools.research.gpu_check.report import report_markdown, verdicts
@@ -89,7 +92,18 @@ def parse_args(argv):
     p.add_argument("--src", default="en", help="source language of --data-bin (en)")
     p.add_argument("--tgt", default="de", help="target language of --data-bin (de)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads per process")
+    exported = engines.served_engines()  # the engines that read an export
+    p.add_argument("--engines", nargs="+", choices=[entry.name for entry in exported],
+                   help=f"the exported engines of step 7 (default: each that decodes on the device: "
+                        f"{' '.join(e.name for e in exported if 'cuda' in e.devices)} on a GPU, "
+                        f"{' '.join(e.name for e in exported)} with --tiny)")
     args = p.parse_args(argv)
+    device = "cpu" if args.tiny else "cuda"
+    if args.engines is None:
+        args.engines = [entry.name for entry in exported if device in entry.devices]
+    for engine in args.engines:
+        if device not in engines.engine_named(engine).devices:
+            p.error(f"--engines {engine} decodes on the CPU only here: leave it out, or pass --tiny")
     if args.out_dir is None:
         p.error("--out-dir is required")
     if args.updates is not None and args.updates < 2:
@@ -149,9 +163,11 @@ def run_checks(args, device, sizes, out_dir, data_bin_ready, report, progress):
         progress()
         if pending:
             device_done(pending.result())
-    say("CTranslate2")
-    report["ctranslate2"] = guarded("ctranslate2", lambda: ctranslate2_section(
-        training, data_bin, work_dir, device, sizes, args.threads, decodes))
+    for engine in args.engines:
+        say(f"exported engine: {engine}")
+        report[engine] = guarded(engine, lambda engine=engine: exported_engine_section(
+            engine, training, data_bin, work_dir, device, sizes, args.threads, decodes))
+        progress()
 
 
 @command
@@ -177,7 +193,7 @@ def main(argv=None):
             raise UserError(f"preparing the quickstart corpus failed: {e}", status=1) from None
 
     started = time.time()
-    report = {"tiny": args.tiny, "complete": False,
+    report = {"tiny": args.tiny, "complete": False, "engines": args.engines,
               "command": [sys.executable, "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)]}
 
     def write_report():

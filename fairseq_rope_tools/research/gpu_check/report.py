@@ -13,8 +13,8 @@ def verdicts(report):
     return {"kernel within tolerance": verdict("kernel", lambda kernel: kernel.get("pass")),
             "RoPE fp16 loss within tolerance of fp32": None if "training" not in report else
             report["training"].get("fp16_verdict", {}).get("pass", False),
-            "CTranslate2 float32 identical to fairseq": verdict(
-                "ctranslate2", lambda ct2: ct2.get("float32_identical_verdict")),
+            **{f"{name} float32 identical to fairseq": verdict(key, lambda rows: rows.get("float32_identical_verdict"))
+               for key, name in EXPORTED_ENGINES},
             # None while the check runs: the steps not reached yet may still fail
             "every step ran": False if failed_steps(report) else (True if report.get("complete") else None)}
 
@@ -111,20 +111,22 @@ def bandwidth_md(bw):
                             ("peak from", bw["peak_source"]), ("% of peak", bw["percent_of_peak"])])
 
 
-def ctranslate2_md(ct2):
+def exported_engine_md(section):
     rows = [(r["compute_type"], r["weights"], r["compared_with"], f"{r['identical']}/{r['sentences']}",
-             r["fairseq_at_length_limit"], r["sentences_per_second"], f"{r['speedup']}x") for r in ct2["rows"]]
+             r["fairseq_at_length_limit"], r["sentences_per_second"], f"{r['speedup']}x") for r in section["rows"]]
     return ("The RoPE model, exported by fairseq-rope-export, decoded with fairseq-generate's settings. A "
             "hypothesis that reaches the length limit may differ: fairseq forces and scores </s> after it, "
-            "CTranslate2 stops.\n\n"
+            "the engine stops.\n\n"
             + markdown_table(("compute type", "weights", "compared with", "identical lines",
                               "fairseq lines at the length limit", "sentences/s", "speed-up"), rows))
 
 
+#: the sections of the exported engines (report key, name): deploy/engines.py's names
+EXPORTED_ENGINES = (("ctranslate2", "CTranslate2"), ("onnx", "ONNX Runtime"))
 SECTIONS = (("environment", "Environment", environment_md), ("kernel", "Fused rotation kernel", kernel_md),
             ("training", "Training", training_md), ("generation", "Generation", generation_md),
             ("speed", "Speed: RoPE / sinusoidal", speed_md), ("bandwidth", "Fused rotation bandwidth", bandwidth_md),
-            ("ctranslate2", "CTranslate2", ctranslate2_md))
+            *((key, name, exported_engine_md) for key, name in EXPORTED_ENGINES))
 
 
 def report_markdown(report):
@@ -133,7 +135,10 @@ def report_markdown(report):
         mode += f"; **incomplete**: written {report['seconds']} s into the check, which has not finished"
     parts = [f"# GPU check ({mode})", "## Verdicts", markdown_table(("check", "result"), [
         (k, {True: "pass", False: "**FAIL**", None: "not run"}[v]) for k, v in report["verdicts"].items()])]
+    not_asked = {key for key, _ in EXPORTED_ENGINES} - set(report.get("engines", ()))
     for key, title, render in SECTIONS:
+        if key in not_asked:
+            continue
         section = report.get(key)
         parts += [f"## {title}", "not reached yet" if section is None else failed_md(section) or render(section)]
     return "\n\n".join(parts) + "\n"

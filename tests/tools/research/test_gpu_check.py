@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 GPU_CHECK = "fairseq-rope-gpu-check"
 
-SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwidth", "ctranslate2")
+SECTIONS = ("environment", "kernel", "training", "generation", "speed", "bandwidth", "ctranslate2", "onnx")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,9 @@ def test_every_section_is_reported(tiny_report):
     for _, title, _ in gpu_check_report.SECTIONS:
         assert f"\n## {title}\n" in md
     assert report["verdicts"] == {"kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": None,
-                                  "CTranslate2 float32 identical to fairseq": True, "every step ran": True}
+                                  "CTranslate2 float32 identical to fairseq": True,
+                                  "ONNX Runtime float32 identical to fairseq": True, "every step ran": True}
+    assert report["engines"] == ["ctranslate2", "onnx"]  # with --tiny, every exported engine by default
     env = report["environment"]
     assert env["device"] == "cpu" and env["torch"] == torch.__version__ and env["triton"] and env["ctranslate2"]
     assert (out / "losses.png").stat().st_size > 0
@@ -92,6 +94,24 @@ def test_speed_ratios_and_ctranslate2_identity(tiny_report):
     assert set(rows) == {"float32", "int8"}
     assert rows["float32"]["sentences"] == rows["float32"]["identical"] == test_sentences
     assert rows["int8"]["weights"] == "int8" and rows["int8"]["sentences"] == test_sentences
+    (onnx,) = report["onnx"]["rows"]  # the ONNX export, through the same worker and the engines' registry
+    assert onnx["compute_type"] == "float32" and onnx["sentences"] == onnx["identical"] == test_sentences
+    assert onnx["speedup"] > 0 and (tiny_report[2] / "work" / "ct2" / "onnx" / "bundle.json").is_file()
+
+
+def test_the_onnx_engine_is_asked_for_only_where_it_decodes(tmp_path, capsys):
+    """ONNX Runtime decodes on the CPU here: a GPU check leaves it out by default, and refuses it asked."""
+    assert gpu_check.parse_args(["--out-dir", str(tmp_path / "a")]).engines == ["ctranslate2"]
+    assert gpu_check.parse_args(["--out-dir", str(tmp_path / "b"), "--tiny", "--engines", "onnx"]).engines == ["onnx"]
+    with pytest.raises(SystemExit) as exit:
+        gpu_check.parse_args(["--out-dir", str(tmp_path / "c"), "--engines", "ctranslate2", "onnx"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: --engines onnx decodes on the CPU only here: leave it out, or pass --tiny")
+    # a report of a GPU check without ONNX has no ONNX section, not one "not reached yet"
+    md = gpu_check_report.report_markdown({"tiny": False, "complete": True, "engines": ["ctranslate2"],
+                                           "verdicts": {}})
+    assert "## CTranslate2" in md and "## ONNX Runtime" not in md
 
 
 def test_without_cuda_it_says_so_in_one_line(tmp_path, capsys, monkeypatch):
@@ -169,12 +189,14 @@ def test_a_failed_step_or_run_fails_the_verdicts():
     assert gpu_check_report.failed_steps(report) == ["rope fp16"]
     assert gpu_check_report.verdicts(report) == {
         "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": False,
-        "CTranslate2 float32 identical to fairseq": True, "every step ran": False}
+        "CTranslate2 float32 identical to fairseq": True, "ONNX Runtime float32 identical to fairseq": None,
+        "every step ran": False}
     # a check stopped midway: what it did not reach is "not run", not a failure
     partial = {"kernel": {"pass": True}, "training": {"runs": {}, "fp16_verdict": {"pass": True}}}
     assert gpu_check_report.verdicts(partial) == {
         "kernel within tolerance": True, "RoPE fp16 loss within tolerance of fp32": True,
-        "CTranslate2 float32 identical to fairseq": None, "every step ran": None}
+        "CTranslate2 float32 identical to fairseq": None, "ONNX Runtime float32 identical to fairseq": None,
+        "every step ran": None}
     assert gpu_check_report.verdicts({"kernel": {"status": "failed", "error": "x"}})["kernel within tolerance"] is False
     runs["rope fp16"] = {"status": "ok", "final_valid_loss": 4.2}
     assert gpu_check_training.loss_verdict(runs, 0.03)["pass"] is False and gpu_check_training.loss_verdict(runs, 0.06)["pass"] is True
