@@ -12,7 +12,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from support.warm_start import shim_environment, warm_run
+from support.warm_start import stand_in_environment, warm_run
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -49,7 +49,7 @@ def cli_command(args, env):
     full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     full_env.update(env or {})
     if env is None or "PATH" not in env:  # what the command starts finds the stand-ins first
-        full_env = shim_environment(full_env)
+        full_env = stand_in_environment(full_env)
     return cmd, full_env
 
 

@@ -12,7 +12,7 @@ at import, such as ``OMP_NUM_THREADS``, cannot change after it). Anything else, 
 command when ``FAIRSEQ_ROPE_TESTS_COLD=1``, runs in a new interpreter (commands.run_cli).
 
 The scripts and commands a test starts (train.sh, fairseq-rope-compare, ...) start theirs
-through a stand-in of each of :data:`WARM_COMMANDS` first on their PATH (:func:`shim_environment`):
+through a stand-in of each of :data:`WARM_COMMANDS` first on their PATH (:func:`stand_in_environment`):
 it asks the warm interpreter for the command, hands it its standard streams, passes on every
 signal it gets and exits as the command did; when it is killed, the command is killed with it.
 The warm interpreter starts it only where the environment differs from its own in no variable
@@ -50,6 +50,12 @@ READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO", "TORCH",
 SET_BY_SCRIPTS = ("CUDA_VISIBLE_DEVICES", "MKL_NUM_THREADS")
 #: the stand-ins find the warm interpreter's socket in this variable
 ADDRESS_VARIABLE = "FAIRSEQ_ROPE_TESTS_WARM_SOCKET"
+#: imported before any fork: torch and what fairseq imports that prints nothing (never fairseq itself,
+#: whose import logs, nor the plugin, which registers architectures: a command without --user-dir
+#: must not find them)
+PRELOADED = ("torch", "torch.onnx", "numpy", "sklearn.metrics", "sklearn.preprocessing", "sacrebleu", "omegaconf",
+             "hydra.compose", "hydra.utils", "portalocker", "tqdm", "yaml")
+
 _directory: Optional[str] = None
 
 
@@ -60,11 +66,7 @@ def _worker_directory() -> str:
         _directory = tempfile.mkdtemp(prefix="warm-")
         atexit.register(shutil.rmtree, _directory, True)
     return _directory
-#: imported before any fork: torch and what fairseq imports that prints nothing (never fairseq itself,
-#: whose import logs, nor the plugin, which registers architectures: a command without --user-dir
-#: must not find them)
-PRELOADED = ("torch", "torch.onnx", "numpy", "sklearn.metrics", "sklearn.preprocessing", "sacrebleu", "omegaconf",
-             "hydra.compose", "hydra.utils", "portalocker", "tqdm", "yaml")
+
 
 _SERVER = r'''
 import os, pickle, select, signal, socket, sys, array
@@ -97,6 +99,7 @@ while True:
     while len(message) < 8 + size:
         message += connection.recv(1 << 16)
     argv, cwd, environment, from_stand_in = pickle.loads(message[8:])
+
     def read_at_start(variables):
         read = {name: value for name, value in variables.items()
                 if name.startswith(READ_AT_START) and name not in READ_WHEN_RUN + SET_BY_SCRIPTS}
@@ -271,7 +274,7 @@ run_as_stand_in({name!r})
 """
 
 
-def shim_environment(environment: dict) -> dict:
+def stand_in_environment(environment: dict) -> dict:
     """``environment`` (a command's, as commands.cli_command makes it) with the stand-ins first on
     its PATH and the warm interpreter's address, unless commands start cold."""
     if os.environ.get("FAIRSEQ_ROPE_TESTS_COLD") == "1":
