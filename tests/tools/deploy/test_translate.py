@@ -1,5 +1,5 @@
 """fairseq-rope-translate and evaluate.sh ENGINE=ctranslate2 on a tiny model trained through the
-recipe (prepare.sh on a generated corpus, RoPE): raw text in, the recipe's tokenisation and BPE,
+recipe (the small quickstart's: prepare.sh on a generated corpus, RoPE): raw text in, the recipe's tokenisation and BPE,
 the same hypotheses from CTranslate2, fairseq's hub interface and fairseq-generate; CRLF, in-line
 \\r and invalid UTF-8 handled or refused by name; the same BLEU from both engines in evaluate.sh,
 and a rerun that does not export again."""
@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 from support.commands import BIN, REPO, run_cli
+from support.quickstart import shared_quickstart
 
-from fairseq_rope_tools.data import synthetic_grammar as gc
 from fairseq_rope_tools.deploy import exported, segmentation, work_dir
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -28,27 +28,16 @@ def _lines(path):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """A prepared work dir (subword-nmt, 300 merges) and a RoPE model trained on it for 200 updates:
-    short sentences (<= 10 words), so that the model learns something in ~40 s of CPU."""
+    """A prepared work dir (prepare.sh: subword-nmt, 300 merges) and a RoPE model trained on it
+    for 300 updates, enough to translate: the small quickstart's (support/quickstart.py), copied,
+    since the tests write beside the model and move the work dir."""
+    run = shared_quickstart(tmp_path_factory)
     root = tmp_path_factory.mktemp("translate")
-    data = gc.generate(seed=3, sizes=[("train", 4000), ("valid", 100), ("test", 100)])
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for split, cap in (("train", 2000), ("valid", 20), ("test", 20)):
-        pairs = [(e, d) for e, d in data[split] if len(e.split()) <= 10][:cap]
-        for side, lang in enumerate(("en", "de")):
-            (corpus / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
     work = root / "work"
-    run_cli(["bash", PREPARE, "--work-dir", work, "--train-prefix", corpus / "train", "--valid-prefix",
-             corpus / "valid", "--test-prefix", corpus / "test", "--bpe-size", "300", "--workers", "1"], timeout=300)
+    shutil.copytree(run.work, work, ignore=shutil.ignore_patterns("checkpoints"))
     save_dir = root / "checkpoints"
-    run_cli(["fairseq-train", work / "data-bin", "--user-dir", REPO / "fairseq_rope", "--arch", "transformer_rope_tiny",
-             "--share-all-embeddings", "--task", "translation", "--cpu", "--optimizer", "adam", "--adam-betas",
-             "(0.9, 0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "30",
-             "--max-tokens", "2048", "--max-update", "200", "--seed", "1", "--criterion",
-             "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--disable-validation",
-             "--no-epoch-checkpoints", "--save-dir", save_dir, "--num-workers", "0", "--log-format", "simple"],
-            timeout=600)
+    save_dir.mkdir()
+    shutil.copy2(run.save_dir / "checkpoint_last.pt", save_dir)
     return work, save_dir / "checkpoint_last.pt"
 
 
@@ -258,7 +247,8 @@ def test_evaluate_with_ctranslate2_scores_as_fairseq(model, evaluated):
     assert fs["tokenized_bleu_compound_split"]["score"] > 1  # a model that translates
     assert _lines(ct2_dir / "hyp.tok.de") == _lines(fs_dir / "hyp.tok.de")
     for eval_dir, engine in ((fs_dir, "fairseq"), (ct2_dir, "ctranslate2")):
-        assert (eval_dir / "speed.txt").read_text().startswith(f"{engine}: 20 sentences in ")
+        assert (eval_dir / "speed.txt").read_text().startswith(f"{engine}: {len(_lines(work / 'raw/test.en'))} "
+                                                              "sentences in ")
 
     # a rerun finds the scores complete
     again = _evaluate(work, checkpoint, "ctranslate2")
@@ -292,7 +282,8 @@ def test_evaluate_with_dynamic_yarn_decodes_by_length_bucket_in_ctranslate2(mode
         proc = _evaluate(work, checkpoint, engine, ROPE_SCALING="dynamic-yarn", LENGTH_BUCKETS="2 4")
         eval_dir = checkpoint.parent / f"eval_checkpoint_last_test{suffix}_dynamic-yarn_2_4"
         assert _lines(eval_dir / "hyp.tok.de") == plain, engine
-    assert re.search(r"\[evaluate\] length buckets \(L = \d+ tokens\): plain 20, yarn x2 0, yarn x4 0", proc.stderr)
+    assert re.search(rf"\[evaluate\] length buckets \(L = \d+ tokens\): plain {len(plain)}, yarn x2 0, yarn x4 0",
+                     proc.stderr)
     buckets = checkpoint.parent / "ct2_checkpoint_last_dynamic-yarn_2_4"
     assert sorted(p.name for p in buckets.iterdir()) == ["bpe.codes", "bpe.vocab.en", "bundle.json",
                                                          "length_buckets.json", "plain", "yarn_x2", "yarn_x4"]
