@@ -1,5 +1,6 @@
 """scripts/quickstart.sh, small, run once per test run for the modules that test it and use its
-model (tests/e2e/test_quickstart.py, tests/plugin/test_raw_text.py)."""
+model or prepared corpus (tests/e2e/test_quickstart.py, tests/plugin/test_raw_text.py,
+tests/tools/deploy/test_translate.py, tests/tools/research/test_compare_harness.py)."""
 
 import hashlib
 import json

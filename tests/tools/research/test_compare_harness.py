@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.commands import REPO, cli_command, run_cli
+from support.quickstart import shared_quickstart
 
 from fairseq_rope_tools import cli, metrics, training_log
 from fairseq_rope_tools.checkpoints import score_bleu
@@ -500,16 +501,11 @@ def test_raw_text_is_read_strictly_and_stays_aligned(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def prepared_quickstart(tmp_path_factory):
-    """A small quickstart corpus (fairseq-rope-generate-corpus) prepared by prepare.sh as
-    scripts/quickstart.sh prepares it; returns (work dir, prepare.sh's log)."""
-    root = tmp_path_factory.mktemp("quickstart")
-    run_cli(["fairseq-rope-generate-corpus", "--out-dir", root / "corpus",
-             "--train-size", "400", "--valid-size", "30", "--test-size", "30"])
-    proc = run_cli(["bash", REPO / "examples" / "wmt14_en_de" / "prepare.sh", "--work-dir", root / "prep",
-                    *(a for split in ("train", "valid", "test") for a in (f"--{split}-prefix", root / "corpus" / split)),
-                    "--src", "en", "--tgt", "de", "--bpe-size", "300", "--workers", "1"],
-                   env={"PYTHON": sys.executable}, timeout=300)
-    return root / "prep", proc.stderr
+    """A small quickstart corpus (fairseq-rope-generate-corpus) prepared by prepare.sh, as
+    scripts/quickstart.sh prepares it (support/quickstart.py's run; read only); returns (work dir,
+    prepare.sh's log)."""
+    run = shared_quickstart(tmp_path_factory)
+    return run.work, (run.root / "prepare.log").read_text(encoding="utf-8")
 
 
 @pytest.mark.e2e
