@@ -1,5 +1,5 @@
 """scripts/quickstart.sh end to end with a very reduced configuration (tiny corpus, 300 updates;
-the run of support/quickstart.py, whose model tests/plugin/test_raw_text.py uses too): every step
+the run of support/quickstart.py, whose model and corpus other modules use too): every step
 runs, BLEU is printed with the sacreBLEU signature, and the loss plot is a PNG. The work
 directory's name holds a space and shell metacharacters, so prepare, train, average and evaluate
 (both engines) are shown to take paths as data, never as commands."""

@@ -1,8 +1,8 @@
 """fairseq-rope-translate and evaluate.sh ENGINE=ctranslate2 on a tiny model trained through the
-recipe (the small quickstart's: prepare.sh on a generated corpus, RoPE): raw text in, the recipe's tokenisation and BPE,
-the same hypotheses from CTranslate2, fairseq's hub interface and fairseq-generate; CRLF, in-line
-\\r and invalid UTF-8 handled or refused by name; the same BLEU from both engines in evaluate.sh,
-and a rerun that does not export again."""
+recipe (the small quickstart's: prepare.sh on a generated corpus, RoPE): raw text in, the
+recipe's tokenisation and BPE, the same hypotheses from CTranslate2, fairseq's hub interface and
+fairseq-generate; CRLF, in-line \\r and invalid UTF-8 handled or refused by name; the same BLEU
+from both engines in evaluate.sh, and a rerun that does not export again."""
 
 import json
 import re
@@ -17,7 +17,6 @@ from fairseq_rope_tools.deploy import exported, segmentation, work_dir
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 TRANSLATE = "fairseq-rope-translate"
-PREPARE = REPO / "examples" / "wmt14_en_de" / "prepare.sh"
 EVALUATE = REPO / "examples" / "wmt14_en_de" / "evaluate.sh"
 EXPORT = "fairseq-rope-export"
 

@@ -1,8 +1,8 @@
 """fairseq-rope-compare end to end on a tiny budget: length split, training
 through the recipe's train.sh with live progress, checkpoint averaging, decoding (also with RoPE
-scaling overrides, and with CTranslate2 by length bucket), scores with confidence intervals and paired bootstrap tests, table, plots,
-resume, --jobs, --prepared-dir; and the helpers it shares (fairseq_rope_tools/cli.py,
-fairseq_rope_tools/research/significance.py)."""
+scaling overrides, and with CTranslate2 by length bucket), scores with confidence intervals and
+paired bootstrap tests, table, plots, resume, --jobs, --prepared-dir; and the helpers it shares
+(fairseq_rope_tools/cli.py, fairseq_rope_tools/research/significance.py)."""
 
 import contextlib
 import hashlib
