@@ -139,12 +139,6 @@ def engine_translate(engine, model_dir, compute_type, use_mkl, threads, sources,
     return reply["seconds"], reply["hypotheses"]
 
 
-def ct2_translate(model_dir, compute_type, use_mkl, threads, sources, device="cpu", max_len=MAX_LEN):
-    """:func:`engine_translate` of CTranslate2."""
-    return engine_translate(engines.CTRANSLATE2.name, model_dir, compute_type, use_mkl, threads, sources, device,
-                            max_len)
-
-
 def export_dir(out_dir, quantization, model_format=CTRANSLATE2_MODEL_FORMAT):
     """Where :func:`export` writes the model of ``quantization``: OUT_DIR/ct2_QUANTIZATION (an ONNX
     export: OUT_DIR/onnx)."""

@@ -200,7 +200,7 @@ def test_a_failed_step_of_the_benchmark_is_a_user_error_with_status_1(monkeypatc
         bench.fairseq_generate("checkpoint.pt", "data-bin", 1)
     assert raised.value.status == 1
     with pytest.raises(UserError, match=r"^ctranslate2 \(int8, CT2_USE_MKL=0\) failed") as raised:
-        bench.ct2_translate("ct2", "int8", 0, 1, [["w1"]])
+        bench.engine_translate("ctranslate2", "ct2", "int8", 0, 1, [["w1"]])
     assert raised.value.status == 1
 
 
