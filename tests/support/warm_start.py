@@ -11,14 +11,15 @@ Only when the command would start exactly so: a console script of this environme
 at import, such as ``OMP_NUM_THREADS``, cannot change after it). Anything else, and every
 command when ``FAIRSEQ_ROPE_TESTS_COLD=1``, runs in a new interpreter (commands.run_cli).
 
-The scripts and commands a test starts (train.sh, fairseq-rope-compare, ...) start theirs
+The scripts a test starts (prepare.sh, train.sh, evaluate.sh, ...) start their commands
 through a stand-in of each of :data:`WARM_COMMANDS` first on their PATH (:func:`stand_in_environment`):
 it asks the warm interpreter for the command, hands it its standard streams, passes on every
 signal it gets and exits as the command did; when it is killed, the command is killed with it.
 The warm interpreter starts it only where the environment differs from its own in no variable
 read while an interpreter starts (:data:`READ_AT_START`: a script's own settings, such as
 MAX_UPDATE, may differ); else, or with no warm interpreter to ask, the stand-in becomes the
-console script itself (exec).
+console script itself (exec). A tool that starts a command by this environment's bin/ path, or
+puts bin/ first on PATH (fairseq-rope-compare), starts it cold.
 """
 
 import array
