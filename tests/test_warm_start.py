@@ -94,6 +94,16 @@ def _script_training(data_bin, save_dir, *variables):
     return script, int(script.stdout.readline())
 
 
+def _end(script, stand_in):
+    """The script and its stand-in ended, whatever a failed assertion left running: the stand-in
+    killed takes a warm command with it, and is the command where it started cold."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(stand_in, signal.SIGKILL)
+    script.kill()
+    script.wait()
+    script.stdout.close()
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_a_scripts_command_starts_warm_and_goes_with_its_stand_in(tiny_data_bin, tmp_path):
     run_cli(["fairseq-preprocess", "--help"])  # this worker's warm interpreter, started
@@ -112,9 +122,7 @@ def test_a_scripts_command_starts_warm_and_goes_with_its_stand_in(tiny_data_bin,
                 time.sleep(0.1)
             assert not _warm_commands()
         finally:
-            script.kill()
-            script.wait()
-            script.stdout.close()
+            _end(script, stand_in)
 
 
 def test_a_scripts_command_with_another_thread_count_starts_cold(tiny_data_bin, tmp_path):
@@ -129,7 +137,4 @@ def test_a_scripts_command_with_another_thread_count_starts_cold(tiny_data_bin, 
         assert Path(f"/proc/{stand_in}/cmdline").read_bytes().split(b"\0")[1] == console_script
         assert not _warm_commands()
     finally:
-        script.kill()
-        os.kill(stand_in, signal.SIGKILL)
-        script.wait()
-        script.stdout.close()
+        _end(script, stand_in)

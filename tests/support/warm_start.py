@@ -331,4 +331,3 @@ def run_as_stand_in(name: str):
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
-
