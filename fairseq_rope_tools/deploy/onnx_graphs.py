@@ -7,9 +7,11 @@ projections, layer norms, activations, output layer) in fairseq's order; what th
 is what fairseq's incremental decoding does through Python state that a trace cannot follow: the
 cache, and the rotation, which the plugin computes with complex numbers (ONNX has none) and which
 here multiplies by the model's own cos/sin tables (``RotaryEmbedding.tables``), gathered by
-position. Positions as in the plugin: encoder self-attention by column (left padding shifts a
-sentence by a constant, eq. 16), encoder-decoder keys by their position within their sentence,
-decoder queries and keys by the decoding step.
+position; a decoding step, whose rows all stand at one position, turns by one matrix made from
+that position's row (one operation per rotated tensor instead of five). Positions as in the
+plugin: encoder self-attention by column (left padding shifts a sentence by a constant, eq. 16),
+encoder-decoder keys by their position within their sentence, decoder queries and keys by the
+decoding step.
 
 Inputs and outputs (N rows: sentences or beams; H heads of D channels; one tensor per decoder
 layer l, not one stacked over layers, which every step would have to split and stack again):
@@ -69,11 +71,12 @@ def onnx_export_refusals(args) -> List[str]:
 
 
 class _Rotation(nn.Module):
-    """RoPE by the model's tables: x (..., heads, head_dim) rotated by ``positions`` (broadcasting
-    against x's dimensions before the heads), over its first ``rotary_dim`` channels in the model's
-    layout, as x cos + swap(x) sin: cos and sin spread over every channel of a pair (1 and 0 beyond
-    ``rotary_dim``) and swap(x) a fixed signed permutation of the channels (a matmul, exact), so
-    that the graph has no slices or joins of channels."""
+    """RoPE by the model's tables: x (rows, heads, time, head_dim) rotated by ``positions`` (time,)
+    or (rows, time), over its first ``rotary_dim`` channels in the model's layout, as x cos +
+    swap(x) sin: cos and sin spread over every channel of a pair (1 and 0 beyond ``rotary_dim``)
+    and swap(x) a fixed signed permutation of the channels (a matmul, exact), so that the graph has
+    no slices or joins of channels. A decoding step, whose rows are all at one
+    position, is rotated by that position's :meth:`turn` instead: one matmul per rotated tensor."""
 
     def __init__(self, rotary, length: int, head_dim: int):
         super().__init__()
@@ -91,10 +94,20 @@ class _Rotation(nn.Module):
         self.register_buffer("cos", spread_cos, persistent=False)
         self.register_buffer("sin", spread_sin, persistent=False)
         self.register_buffer("swap", swap, persistent=False)
+        self.register_buffer("eye", torch.eye(head_dim), persistent=False)
         self.logit_scale = float(rotary.logit_scale)
 
+    def turn(self, position: Tensor) -> Tensor:
+        """The rotation at ``position`` (1,) as a (head_dim, head_dim) matrix: x turn = x cos + swap(x) sin."""
+        return self.eye * self.cos[position] + self.swap * self.sin[position]
+
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        cos, sin = self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2)
+        """x rotated by ``positions``, or by a decoding step's :meth:`turn` (a float matrix)."""
+        if positions.is_floating_point():
+            return torch.matmul(x, positions)
+        cos, sin = self.cos[positions], self.sin[positions]
+        if positions.dim() == 2:  # each row's own: over the heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return x * cos + torch.matmul(x, self.swap) * sin
 
 
@@ -108,23 +121,26 @@ class _Attention(nn.Module):
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
         self.rotation = rotation if getattr(attention, "rotary", None) is not None else None
 
-    def split(self, x: Tensor) -> Tensor:  # (rows[, time], embed) -> (rows, time, heads, head_dim)
-        if x.dim() == 2:  # a decoding step's: a constant shape, no shape arithmetic in the graph
-            return x.view(-1, 1, self.heads, self.head_dim)
-        return x.view(x.size(0), -1, self.heads, self.head_dim)
+    def split(self, x: Tensor) -> Tensor:  # (rows[, time], embed) -> (rows, heads, time, head_dim)
+        if x.dim() == 2:  # a decoding step's one token: heads first is a view, with a constant shape
+            return x.view(-1, self.heads, 1, self.head_dim)
+        return x.view(x.size(0), -1, self.heads, self.head_dim).transpose(1, 2)
 
     def join(self, out: Tensor, like: Tensor) -> Tensor:
         """(rows, heads, time, head_dim) -> ``like``'s shape, heads joined, and projected."""
-        out = out.transpose(1, 2)
-        out = out.reshape(-1, self.heads * self.head_dim) if like.dim() == 2 else out.reshape(like.shape)
+        if like.dim() == 2:  # one token per row: its heads are consecutive already
+            out = out.reshape(-1, self.heads * self.head_dim)
+        else:
+            out = out.transpose(1, 2).reshape(like.shape)
         return self.attention.out_proj(out)
 
     def keys_and_values(self, x: Tensor, positions: Optional[Tensor]):
-        """Keys (rotated by ``positions`` when rotary) and values, (rows, heads, time, head_dim)."""
+        """Keys (rotated by ``positions``, or a step's :meth:`_Rotation.turn`, when rotary) and values,
+        (rows, heads, time, head_dim)."""
         k, v = self.split(self.attention.k_proj(x)), self.split(self.attention.v_proj(x))
         if self.rotation is not None and positions is not None:
             k = self.rotation(k, positions)
-        return k.transpose(1, 2), v.transpose(1, 2)
+        return k, v
 
     def query(self, x: Tensor, positions: Optional[Tensor]) -> Tensor:
         q = self.split(self.attention.q_proj(x))
@@ -132,7 +148,7 @@ class _Attention(nn.Module):
             q = self.rotation(q, positions)
         if self.rotation is not None and self.rotation.logit_scale != 1.0:  # YaRN attention temperature
             q = q * self.rotation.logit_scale
-        return (q * self.attention.scaling).transpose(1, 2)  # in the plugin's order: the same rounding
+        return q * self.attention.scaling  # in the plugin's order: the same rounding
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], like: Tensor) -> Tensor:
         """softmax(q k^T + mask) v, heads joined and projected, shaped as the input ``like``."""
@@ -149,7 +165,7 @@ class _Attention(nn.Module):
         q = q.reshape(mask.size(0), -1, self.heads, self.head_dim).transpose(1, 2)  # (sentences, heads, beams, dim)
         scores = torch.matmul(q, k.transpose(-1, -2)) + mask
         out = torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
-        return self.join(out, like)
+        return self.join(out.transpose(1, 2).reshape(-1, self.heads, 1, self.head_dim), like)
 
 
 def _rotation(attentions, length: int) -> Optional[_Rotation]:
@@ -233,11 +249,13 @@ class DecoderStepGraph(nn.Module):
         super().__init__()
         self.decoder = model.decoder
         self.pad, self.eos = self.decoder.padding_idx, self.decoder.dictionary.eos()
-        pad_column = torch.zeros(1, len(self.decoder.dictionary), dtype=torch.bool)
-        pad_column[0, self.pad] = True
-        self.register_buffer("pad_column", pad_column, persistent=False)
+        # fairseq never proposes <pad>: -inf added to its log-probability (an addition of a row costs
+        # the graph less than a masked fill; x + 0 is x)
+        pad_barred = torch.zeros(1, len(self.decoder.dictionary))
+        pad_barred[0, self.pad] = float("-inf")
+        self.register_buffer("pad_barred", pad_barred, persistent=False)
         attentions = [a for layer in self.decoder.layers for a in (layer.self_attn, layer.encoder_attn)]
-        rotation = _rotation(attentions, length)
+        self.rotation = rotation = _rotation(attentions, length)
         self.self_attentions = nn.ModuleList(_Attention(layer.self_attn, rotation) for layer in self.decoder.layers)
         self.cross_attentions = nn.ModuleList(_Attention(layer.encoder_attn, rotation)
                                               for layer in self.decoder.layers)
@@ -255,6 +273,8 @@ class DecoderStepGraph(nn.Module):
         if decoder.project_in_dim is not None:
             x = decoder.project_in_dim(x)
         position = step.view(1)
+        # every row is at this position: the rotary attentions turn by one matrix, made once
+        at = self.rotation.turn(position) if self.rotation is not None else position
         if self.has_positions:  # fairseq's incremental position: padding_idx + prefix length
             x = x + self.positions_table[position + self.pad + 1]
         if decoder.layernorm_embedding is not None:
@@ -266,15 +286,15 @@ class DecoderStepGraph(nn.Module):
             attention, cross = self.self_attentions[i], self.cross_attentions[i]
 
             def self_attend(h, i=i, attention=attention):
-                k, v = attention.keys_and_values(h, position)
+                k, v = attention.keys_and_values(h, at)
                 k = torch.cat([self_keys[i].index_select(0, cache_rows), k], dim=2)
                 v = torch.cat([self_values[i].index_select(0, cache_rows), v], dim=2)
                 new_keys.append(k)
                 new_values.append(v)
-                return attention.attend(attention.query(h, position), k, v, None, h)
+                return attention.attend(attention.query(h, at), k, v, None, h)
 
             def cross_attend(h, i=i, cross=cross):
-                return cross.attend_shared(cross.query(h, position), cross_keys[i], cross_values[i], source_mask, h)
+                return cross.attend_shared(cross.query(h, at), cross_keys[i], cross_values[i], source_mask, h)
 
             x = _sublayer(layer.self_attn_layer_norm, layer.normalize_before, x, self_attend)
             x = _sublayer(layer.encoder_attn_layer_norm, layer.normalize_before, x, cross_attend)
@@ -287,7 +307,7 @@ class DecoderStepGraph(nn.Module):
         log_probs = F.log_softmax(logits.float(), dim=-1)
         eos_log_probs = log_probs[:, self.eos]
         # the search takes the best of each row: only those leave the graph (not rows x vocabulary)
-        log_probs = log_probs.masked_fill(self.pad_column, float("-inf"))  # fairseq never proposes <pad>
+        log_probs = log_probs + self.pad_barred
         top_log_probs, top_tokens = torch.topk(log_probs, candidates.size(0), dim=1)
         new_caches = tuple(tensor for pair in zip(new_keys, new_values) for tensor in pair)
         return (top_log_probs, top_tokens, eos_log_probs, *new_caches)
