@@ -8,10 +8,10 @@ is what fairseq's incremental decoding does through Python state that a trace ca
 cache, and the rotation, which the plugin computes with complex numbers (ONNX has none) and which
 here multiplies by the model's own cos/sin tables (``RotaryEmbedding.tables``), gathered by
 position; a decoding step, whose rows all stand at one position, turns by one matrix made from
-that position's row (one operation per rotated tensor instead of five). Positions as in the
-plugin: encoder self-attention by column (left padding shifts a sentence by a constant, eq. 16),
-encoder-decoder keys by their position within their sentence, decoder queries and keys by the
-decoding step.
+that position's row (one matmul per rotated tensor, where two gathers, two products, a matmul and
+a sum were). Positions as in the plugin: encoder self-attention by column (left padding shifts a
+sentence by a constant, eq. 16), encoder-decoder keys by their position within their sentence,
+decoder queries and keys by the decoding step.
 
 Inputs and outputs (N rows: sentences or beams; H heads of D channels; one tensor per decoder
 layer l, not one stacked over layers, which every step would have to split and stack again):
@@ -127,7 +127,9 @@ class _Attention(nn.Module):
         return x.view(x.size(0), -1, self.heads, self.head_dim).transpose(1, 2)
 
     def join(self, out: Tensor, like: Tensor) -> Tensor:
-        """(rows, heads, time, head_dim) -> ``like``'s shape, heads joined, and projected."""
+        """(rows, heads, time, head_dim) -> ``like``'s shape, heads joined, and projected; for a
+        decoding step (one token per row) any shape whose last two are heads and head_dim, rows in
+        order before them."""
         if like.dim() == 2:  # one token per row: its heads are consecutive already
             out = out.reshape(-1, self.heads * self.head_dim)
         else:
@@ -165,7 +167,7 @@ class _Attention(nn.Module):
         q = q.reshape(mask.size(0), -1, self.heads, self.head_dim).transpose(1, 2)  # (sentences, heads, beams, dim)
         scores = torch.matmul(q, k.transpose(-1, -2)) + mask
         out = torch.matmul(torch.softmax(scores.float(), dim=-1).type_as(scores), v)
-        return self.join(out.transpose(1, 2).reshape(-1, self.heads, 1, self.head_dim), like)
+        return self.join(out.transpose(1, 2), like)  # (sentences, beams, heads, dim): rows in order
 
 
 def _rotation(attentions, length: int) -> Optional[_Rotation]:
